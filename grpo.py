@@ -1,0 +1,172 @@
+"""The GRPO objective (DeepSeekMath, arXiv:2402.03300) and its common variants, as pure functions.
+
+Advantages: group_advantages (outcome rewards; GRPO, Dr. GRPO, RLOO, REINFORCE) and
+process_advantages (per-step rewards). Loss: grpo_loss (PPO-clipped ratio, optional DAPO clip-higher,
+k3 KL to a reference, three loss aggregations that stay exact under gradient accumulation).
+A batch holds n_groups * group_size completions; each consecutive block of group_size rows answers one prompt.
+"""
+import torch
+
+BASELINES = ("mean", "rloo", "none")
+SCALES = ("std", "none")
+LOSS_AGGS = ("seq_mean", "token_mean", "constant")
+KL_LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8 is finite in fp32; one outlier token cannot overflow the k3 term
+
+
+def _grouped(rewards, group_size):
+    """rewards [B] -> [B // group_size, group_size], with a clear error for a ragged batch."""
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"batch of {rewards.numel()} rewards is not a whole number of groups of size {group_size}")
+    return rewards.float().view(-1, group_size)
+
+
+def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6):
+    """Outcome advantages, one per completion: rewards [B] float -> advantages [B] float32.
+
+    baseline: "mean" subtracts the group mean (GRPO); "rloo" subtracts the mean of the *other* G-1 rewards
+    (leave-one-out, = G/(G-1) * (r - mean)); "none" keeps the raw reward (REINFORCE, use with scale="none").
+    scale: "std" divides by (group std + eps), the std being the unbiased one (torch.std default, as in
+    DeepSeekMath/TRL); "none" does not divide (Dr. GRPO, arXiv:2503.20783).
+    GRPO = ("mean", "std"), Dr. GRPO = ("mean", "none"), RLOO = ("rloo", "none"), REINFORCE = ("none", "none").
+    With a baseline, a group whose rewards are all equal gets exactly 0 (not rounding noise over eps).
+    """
+    if baseline not in BASELINES or scale not in SCALES:
+        raise ValueError(f"baseline must be one of {BASELINES} and scale one of {SCALES}, got {baseline!r}, {scale!r}")
+    if baseline == "none" and scale == "std":
+        raise ValueError("scale='std' needs a baseline: a raw reward divided by a zero group std explodes")
+    grouped = _grouped(rewards, group_size)
+    if baseline == "none":
+        return grouped.flatten()
+    if group_size < 2:
+        raise ValueError(f"baseline {baseline!r} needs group_size >= 2, got {group_size}")
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if baseline == "rloo":
+        centred = centred * group_size / (group_size - 1)
+    if scale == "std":
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(all_equal, torch.zeros_like(centred), centred).flatten()
+
+
+def zero_std_group_fraction(rewards, group_size):
+    """Fraction of groups whose rewards are all equal (they carry no signal): rewards [B] -> 0-d tensor."""
+    grouped = _grouped(rewards, group_size)
+    return (grouped == grouped[:, :1]).all(dim=1).float().mean()
+
+
+def process_advantages(step_rewards, step_ends, group_size, seq_len, step_mask=None, eps=1e-6):
+    """Process-supervision advantages (DeepSeekMath sec. 4.1.3): per-token advantages [B, T] float32.
+
+    step_rewards [B, S] float: reward of each reasoning step, right-padded to S steps.
+    step_ends [B, S] long: completion-token index (0 .. seq_len-1) of each step's last token.
+    step_mask [B, S] bool: which entries are real steps (default: all); padded entries are ignored.
+    All real steps of a group are normalised together, (r - mean) / (unbiased std + eps); token t then gets
+    the sum of the normalised rewards of its sequence's steps that end at or after t (0 after the last step).
+    A group whose step rewards are all equal gets exactly 0.
+    """
+    if step_rewards.shape != step_ends.shape or step_rewards.dim() != 2:
+        raise ValueError(f"step_rewards {tuple(step_rewards.shape)} and step_ends {tuple(step_ends.shape)} "
+                         "must both be [B, S]")
+    if group_size < 1 or step_rewards.shape[0] % group_size:
+        raise ValueError(f"batch of {step_rewards.shape[0]} sequences is not a whole number of groups of size "
+                         f"{group_size}")
+    step_mask = torch.ones_like(step_ends, dtype=torch.bool) if step_mask is None else step_mask.bool()
+    if step_mask.shape != step_ends.shape:
+        raise ValueError(f"step_mask has shape {tuple(step_mask.shape)}, step_ends has {tuple(step_ends.shape)}")
+    real_ends = step_ends[step_mask]
+    if real_ends.numel() and (real_ends.min() < 0 or real_ends.max() >= seq_len):
+        raise ValueError(f"step_ends must lie in [0, {seq_len - 1}], got {real_ends.min()} .. {real_ends.max()}")
+    group_steps = group_size * step_rewards.shape[1]
+    weights = step_mask.reshape(-1, group_steps).float()  # [n_groups, G * S]
+    rewards = step_rewards.float().reshape(-1, group_steps).masked_fill(weights == 0, 0.0)  # padding may be nan
+    count = weights.sum(dim=1, keepdim=True)
+    mean = rewards.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    var = ((rewards - mean) ** 2 * weights).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
+    normalised = (rewards - mean) / (var.sqrt() + eps)
+    lowest = rewards.masked_fill(weights == 0, float("inf")).amin(dim=1, keepdim=True)
+    highest = rewards.masked_fill(weights == 0, float("-inf")).amax(dim=1, keepdim=True)
+    normalised = torch.where((lowest == highest) | (weights == 0), torch.zeros_like(normalised), normalised)
+    # drop each step's value at its last token, then a reverse cumulative sum gives "steps ending at or after t"
+    at_end = torch.zeros(step_rewards.shape[0], seq_len, dtype=torch.float32, device=step_rewards.device)
+    at_end.scatter_add_(1, torch.where(step_mask, step_ends, 0), normalised.view(step_rewards.shape))
+    return at_end.flip(1).cumsum(1).flip(1)
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps=0.2, clip_eps_high=None, beta=0.04,
+              loss_agg="seq_mean", num_sequences=None, num_tokens=None, constant_norm=None):
+    """GRPO loss to minimise (= -J of DeepSeekMath) for one batch or micro-batch; returns (loss, stats).
+
+    logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded positions
+        must hold finite values (e.g. 0), since nan/inf there would leak into the gradient through the mask.
+    old_logp [B, T] or None: under the sampling policy, no grad. None = one update per batch of samples:
+        logp.detach() is used, so the ratio is 1 in value but still carries the policy gradient.
+    ref_logp [B, T] or None: under the reference model; may be None only when beta == 0.
+    advantages [B] (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens,
+        stop token included.
+    Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, with
+    KL = exp(ref - logp) - (ref - logp) - 1 (k3, >= 0) in fp32 with ref - logp clamped to +-20.
+    clip_eps_high defaults to clip_eps; set it larger for DAPO clip-higher.
+    loss_agg, with N = num_sequences, |o_i| = masked tokens of row i:
+        "seq_mean"   (DeepSeekMath): sum_i (sum_t loss_it / |o_i|) / N
+        "token_mean" (DAPO):         sum_it loss_it / num_tokens
+        "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N), constant_norm e.g. max_new_tokens
+    num_sequences, num_tokens, constant_norm default to this call's own B, mask.sum() and T. Under gradient
+    accumulation pass the WHOLE batch's values to every micro-batch (micro-batches split by rows):
+        n_seq, n_tok = mask.shape[0], mask.sum()          # whole batch, fixed before the loop
+        for rows in micro_batches:
+            loss, stats = grpo_loss(..., num_sequences=n_seq, num_tokens=n_tok, constant_norm=max_new_tokens)
+            loss.backward()                                # summed gradients == full-batch gradient
+    stats (detached 0-d tensors, no host sync here; the caller calls .item()), each a mean over this call's
+    masked tokens: "kl" (nan when ref_logp is None), "clip_frac_low" (A < 0 and ratio < 1-clip_eps),
+    "clip_frac_high" (A > 0 and ratio > 1+clip_eps_high), "ratio_mean".
+    """
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    if beta > 0 and ref_logp is None:
+        raise ValueError(f"beta={beta} needs ref_logp; pass beta=0 to train without a reference model")
+    clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    if not (0 <= clip_eps < 1 and clip_eps_high >= 0):
+        raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {clip_eps}, {clip_eps_high}")
+    for name, t in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, logp has {tuple(logp.shape)}")
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logp "
+                         f"{tuple(logp.shape)}")
+
+    logp = logp.float()
+    old_logp = logp.detach() if old_logp is None else old_logp.float()
+    adv = advantages.float() if advantages.dim() == 2 else advantages.float().unsqueeze(1)
+    weights = mask.float()
+
+    ratio = torch.exp(logp - old_logp)
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
+    token_loss = -torch.minimum(ratio * adv, clipped * adv)
+    kl = None
+    if ref_logp is not None:
+        log_ratio = (ref_logp.float() - logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+        kl = torch.exp(log_ratio) - log_ratio - 1
+        if beta > 0:
+            token_loss = token_loss + beta * kl
+
+    masked_sum = (token_loss * weights).sum(dim=1)  # [B]
+    n_seq = logp.shape[0] if num_sequences is None else num_sequences
+    if loss_agg == "seq_mean":
+        loss = (masked_sum / weights.sum(dim=1).clamp(min=1)).sum() / n_seq
+    elif loss_agg == "token_mean":
+        loss = masked_sum.sum() / (weights.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    else:
+        loss = masked_sum.sum() / ((logp.shape[1] if constant_norm is None else constant_norm) * n_seq)
+
+    with torch.no_grad():
+        def masked_mean(x):
+            return (x.float() * weights).sum() / weights.sum().clamp(min=1)
+        stats = {
+            "kl": masked_mean(kl) if kl is not None else torch.tensor(float("nan"), device=logp.device),
+            "clip_frac_low": masked_mean((adv < 0) & (ratio < 1 - clip_eps)),
+            "clip_frac_high": masked_mean((adv > 0) & (ratio > 1 + clip_eps_high)),
+            "ratio_mean": masked_mean(ratio),
+        }
+    return loss, stats
