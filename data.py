@@ -1,0 +1,253 @@
+"""
+What goes into the model as text and tokens: GSM8K files, prompt templates, tokenizers, and a synthetic
+GSM8K-format word-problem generator for the offline demo.
+
+    python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
+    python data.py synthetic --n 200 --seed 1 --out data/synthetic/test.jsonl   # a held-out set for eval.py
+
+Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose last
+line is "#### N", and gold is that N as a string. On disk (GSM8K format) a row is {"question", "answer"}.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import urllib.request
+
+from rewards import gold_from_solution
+
+# -----------------------------------------------------------------------------
+# GSM8K files
+
+GSM8K_URL = ("https://raw.githubusercontent.com/openai/grade-school-math/"
+             "3101c7d5072418e28b9008a6636bde82a006892c/grade_school_math/data/{split}.jsonl")
+GSM8K_SHA256 = {"train": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
+                "test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}
+
+
+def load_jsonl(path: str, required_keys: tuple[str, ...] = ("question", "answer")) -> list[dict]:
+    """The JSON objects of a JSONL file, one per non-blank line, each checked to have required_keys."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found (for GSM8K: "
+                                f"`python data.py gsm8k --out {os.path.dirname(path) or '.'}`)")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: not valid JSON ({error})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
+            for key in required_keys:
+                if key not in row:
+                    raise ValueError(f"{path}:{line_number}: row has no {key!r} key (has {sorted(row)})")
+            rows.append(row)
+    return rows
+
+
+def load_gsm8k_file(path: str) -> list[dict]:
+    """Problem rows {"question", "solution", "gold"} from one GSM8K-format JSONL file."""
+    rows = []
+    for line_number, row in enumerate(load_jsonl(path), start=1):
+        try:
+            gold = gold_from_solution(row["answer"])
+        except ValueError as error:
+            raise ValueError(f"{path}: row {line_number}: {error}") from None
+        rows.append({"question": row["question"], "solution": row["answer"], "gold": gold})
+    return rows
+
+
+def load_gsm8k(data_dir: str, split: str) -> list[dict]:
+    """Problem rows of {data_dir}/{split}.jsonl, e.g. split "train" (7473 rows) or "test" (1319 rows)."""
+    return load_gsm8k_file(os.path.join(data_dir, f"{split}.jsonl"))
+
+
+def write_jsonl(rows: list[dict], path: str):
+    """Write problem rows in GSM8K format ({"question", "answer"}), so load_gsm8k_file and eval.py read them."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"question": row["question"], "answer": row["solution"]}) + "\n" for row in rows)
+
+
+def check_sha256(payload: bytes, expected: str, source: str):
+    """Refuse data whose sha256 differs from the pinned one: a changed upstream file would change results."""
+    digest = hashlib.sha256(payload).hexdigest()
+    if digest != expected:
+        raise ValueError(f"{source}: sha256 is {digest}, expected {expected}; the download is corrupt or changed")
+
+
+def download_gsm8k(out_dir: str, url_template: str = GSM8K_URL):
+    """Download GSM8K's train.jsonl and test.jsonl into out_dir, verified; a file appears only once complete."""
+    os.makedirs(out_dir, exist_ok=True)
+    for split, expected in GSM8K_SHA256.items():
+        url, path = url_template.format(split=split), os.path.join(out_dir, f"{split}.jsonl")
+        with urllib.request.urlopen(url, timeout=60) as response:
+            payload = response.read()
+        check_sha256(payload, expected, url)
+        with open(path + ".tmp", "wb") as f:
+            f.write(payload)
+        os.replace(path + ".tmp", path)  # atomic: an interrupted run never leaves a partial file under the real name
+        print(f"wrote {path}")
+
+# -----------------------------------------------------------------------------
+# prompt templates
+
+TEMPLATES = {
+    "r1_zero": ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
+                "The assistant first thinks about the reasoning process in the mind and then provides the user "
+                "with the answer. The reasoning process and answer are enclosed within <think> </think> and "
+                "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> "
+                "<answer> answer here </answer>. User: {question}\nAssistant: <think>"),
+    "plain": "Question: {question}\nAnswer: <think>",  # short, for tiny character-level models
+}
+THINK_OPEN = "<think>"
+
+
+def _template(template_name: str) -> str:
+    if template_name not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {template_name!r}; known templates: {sorted(TEMPLATES)}")
+    return TEMPLATES[template_name]
+
+
+def format_prompt(question: str, template_name: str) -> str:
+    """The prompt text for one question."""
+    return _template(template_name).format(question=question)
+
+
+def response_prefix(template_name: str) -> str:
+    """The end of the prompt that the completion continues ("<think>"): the format reward judges prefix + completion."""
+    return THINK_OPEN if _template(template_name).endswith(THINK_OPEN) else ""
+
+# -----------------------------------------------------------------------------
+# tokenizers
+
+
+class CharTokenizer:
+    """One token per character: printable ASCII and newline, plus <|pad|> and <|endoftext|> (eos).
+    Ids are fixed by this alphabet, so a checkpoint only records the name "char". Hugging Face's interface."""
+
+    SPECIAL_TOKENS = ("<|pad|>", "<|endoftext|>")
+    ALPHABET = "\n" + "".join(chr(code) for code in range(32, 127))
+
+    def __init__(self):
+        self.tokens = list(self.SPECIAL_TOKENS) + list(self.ALPHABET)
+        self.ids = {token: i for i, token in enumerate(self.tokens)}
+        self.pad_token_id, self.eos_token_id = self.ids["<|pad|>"], self.ids["<|endoftext|>"]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.ids)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of text; like Qwen's, no BOS/EOS is ever added, and special-token strings are plain text."""
+        ids = []
+        for position, char in enumerate(text):
+            if char not in self.ALPHABET:
+                raise ValueError(f"CharTokenizer cannot encode {char!r} at position {position}: "
+                                 f"it knows printable ASCII and newline only")
+            ids.append(self.ids[char])
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Text of ids (a list or 1-D tensor of ints); special tokens are dropped or written as their names."""
+        pieces = []
+        for token_id in map(int, ids):
+            if not 0 <= token_id < len(self.tokens):
+                raise ValueError(f"token id {token_id} is outside CharTokenizer's vocabulary of {len(self.tokens)}")
+            if token_id < len(self.SPECIAL_TOKENS) and skip_special_tokens:
+                continue
+            pieces.append(self.tokens[token_id])
+        return "".join(pieces)
+
+
+def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
+    """"char" -> CharTokenizer(); else a Hugging Face tokenizer (hub name, local dir, or gguf_file in it),
+    with a pad id guaranteed: batches are padded, so a tokenizer without one pads with eos."""
+    if name_or_path == "char":
+        return CharTokenizer()
+    from transformers import AutoTokenizer  # imported here: the character-level demo does not need transformers
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """Ids that end a completion, sorted: eos plus Qwen's two end markers where the vocabulary has them
+    (a base model ends text with <|endoftext|>, a chat-tuned one a turn with <|im_end|>)."""
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[token] for token in ("<|im_end|>", "<|endoftext|>") if token in vocab}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("tokenizer has no eos token and no <|im_end|> or <|endoftext|>: nothing can end a completion")
+    return sorted(ids)
+
+# -----------------------------------------------------------------------------
+# synthetic GSM8K-format word problems
+
+PEOPLE = (("Tom", "He"), ("Anna", "She"), ("Sam", "He"), ("Mia", "She"), ("Leo", "He"), ("Zoe", "She"))
+THINGS = ("apples", "marbles", "stickers", "coins", "books", "pencils", "cookies", "shells")
+VERBS = {"+": ("buys {} more", "finds {} more", "gets {} more"), "-": ("gives away {}", "loses {}", "sells {}")}
+
+
+def synthetic_problems(n: int, seed: int, min_ops: int = 1, max_ops: int = 3, max_operand: int = 20) -> list[dict]:
+    """n word problems {"question", "solution", "gold"} in GSM8K format, a deterministic function of seed:
+    a start amount, then min_ops..max_ops additions/subtractions of 1..max_operand; the total never goes negative.
+    e.g. "Tom has 12 apples. He buys 7 more and gives away 5. How many apples does Tom have?"
+    -> solution "12+7=19\\n19-5=14\\n#### 14", gold "14".
+    """
+    if not 1 <= min_ops <= max_ops or max_operand < 1:
+        raise ValueError(f"need 1 <= min_ops <= max_ops and max_operand >= 1, "
+                         f"got min_ops={min_ops}, max_ops={max_ops}, max_operand={max_operand}")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        (name, pronoun), thing = rng.choice(PEOPLE), rng.choice(THINGS)
+        start = total = rng.randint(1, max_operand)
+        clauses, lines = [], []
+        for _ in range(rng.randint(min_ops, max_ops)):
+            op = "-" if total > 0 and rng.random() < 0.5 else "+"  # nothing left to take away: add instead
+            amount = rng.randint(1, min(total, max_operand)) if op == "-" else rng.randint(1, max_operand)
+            new_total = total + amount if op == "+" else total - amount
+            clauses.append(rng.choice(VERBS[op]).format(amount))
+            lines.append(f"{total}{op}{amount}={new_total}")
+            total = new_total
+        actions = clauses[-1] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
+        question = f"{name} has {start} {thing}. {pronoun} {actions}. How many {thing} does {name} have?"
+        rows.append({"question": question, "solution": "\n".join(lines + [f"#### {total}"]), "gold": str(total)})
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    gsm8k = commands.add_parser("gsm8k", help="download GSM8K train.jsonl and test.jsonl, sha256-verified")
+    gsm8k.add_argument("--out", default="data/gsm8k", help="output directory")
+    synthetic = commands.add_parser("synthetic", help="write synthetic problems as one GSM8K-format JSONL file")
+    synthetic.add_argument("--n", type=int, default=200)
+    synthetic.add_argument("--seed", type=int, default=1)
+    synthetic.add_argument("--min-ops", type=int, default=1)
+    synthetic.add_argument("--max-ops", type=int, default=3)
+    synthetic.add_argument("--max-operand", type=int, default=20)
+    synthetic.add_argument("--out", required=True, help="output .jsonl file")
+    args = parser.parse_args(argv)
+    if args.command == "gsm8k":
+        download_gsm8k(args.out)
+    else:
+        rows = synthetic_problems(args.n, args.seed, args.min_ops, args.max_ops, args.max_operand)
+        write_jsonl(rows, args.out)
+        print(f"wrote {args.n} problems to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
