@@ -1,0 +1,191 @@
+"""sample.generate: greedy equals transformers, cached log-probs equal a full forward, sampling frequencies
+match the intended distribution, stop/pad/seed/error behaviour; on a GPU, graphs equal the eager loop."""
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+import sample
+from model import ModelConfig, Transformer
+from sample import generate
+
+VOCAB = 97
+PROMPTS = [[5, 17, 3, 44, 9], [8, 1, 90, 33, 2, 61, 7, 12, 40], [70, 6, 6], [11, 23, 58, 4, 96, 30, 19]]
+
+
+def tiny_model(seed=0, std=0.12, **overrides):
+    """Weights of std 0.12 rather than 0.02: varied continuations that depend on the context, not one echoed token."""
+    torch.manual_seed(seed)
+    config = dict(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=112,
+                  max_seq_len=96, tie_embeddings=False)
+    model = Transformer(ModelConfig(**{**config, **overrides})).eval()
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() == 2:
+                weight.normal_(0, std)
+    return model
+
+
+def full_forward_logprobs(model, prompts, completions, temperature):
+    """log_softmax(logits / T) of a fresh no-cache forward at each completion token: a list of [len] tensors."""
+    seqs = [p + c for p, c in zip(prompts, completions)]
+    width = max(map(len, seqs))
+    ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    with torch.no_grad():
+        logprobs = (model(ids, attention_mask=mask) / temperature).log_softmax(-1)
+    out = []
+    for row, (s, c) in enumerate(zip(seqs, completions)):
+        start = width - len(c)  # logits at position i predict token i + 1
+        out.append(logprobs[row, start - 1:width - 1].gather(-1, torch.tensor(c)[:, None])[:, 0])
+    return out
+
+
+def test_greedy_matches_transformers_generate_on_a_ragged_batch():
+    torch.manual_seed(0)
+    hf = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+                                      tie_word_embeddings=True, initializer_range=0.2)).eval()
+    with torch.no_grad():  # random q/k/v biases, so the bias path counts
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    ours = Transformer.from_hf_model(hf).eval()
+    width, pad = max(map(len, PROMPTS)), 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+
+    def hf_new_tokens(stop_ids):
+        with torch.no_grad():
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                              eos_token_id=stop_ids or None, pad_token_id=pad)
+        return out[:, width:].tolist()
+
+    free = generate(ours, PROMPTS, 20, temperature=0)
+    assert free.tokens.tolist() == hf_new_tokens([]) and not free.stopped.any()
+    stop = [free.tokens[0, 4].item(), free.tokens[2, 9].item()]  # rows 0 and 2 (at least) hit one of these
+    ours_stop, expected = generate(ours, PROMPTS, 20, temperature=0, stop_ids=stop, pad_id=pad), hf_new_tokens(stop)
+    assert ours_stop.stopped[0] and ours_stop.stopped[2] and ours_stop.lengths[0] <= 5
+    for row, length in enumerate(ours_stop.lengths.tolist()):
+        assert ours_stop.tokens[row, :length].tolist() == expected[row][:length]
+
+
+def test_cached_logprobs_equal_a_full_forward_with_early_stops_and_compaction(monkeypatch):
+    monkeypatch.setattr(sample, "BUCKET", 8)  # several attention buckets within 40 tokens
+    monkeypatch.setattr(sample, "CHECK_EVERY", 4)
+    compactions = []
+    original = sample._Decoder.compact
+    monkeypatch.setattr(sample._Decoder, "compact", lambda self: (compactions.append(len(self.rows)), original(self)))
+    model = tiny_model()
+    prompts, stop, pad = PROMPTS * 2, [0, 1, 2], 96
+    out = generate(model, prompts, 40, temperature=0.7, stop_ids=stop, seed=3, pad_id=pad)
+    assert compactions, "no row was dropped from the batch: the compaction path went untested"
+    assert out.stopped.any() and not out.stopped.all() and out.tokens.shape == (8, 40)
+    lengths = out.lengths.tolist()
+    expected = full_forward_logprobs(model, prompts, [out.tokens[r, :n].tolist() for r, n in enumerate(lengths)], 0.7)
+    for row, n in enumerate(lengths):
+        torch.testing.assert_close(out.logprobs[row, :n], expected[row], atol=1e-4, rtol=0)
+        assert (out.tokens[row, n:] == pad).all() and (out.logprobs[row, n:] == 0).all()
+        assert not any(t in stop for t in out.tokens[row, :n - 1].tolist())  # no stop id before the end
+        assert (out.tokens[row, n - 1].item() in stop) == out.stopped[row].item()
+        assert n == 40 or out.stopped[row]
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.5, 1.0, 0), (1.3, 0.7, 0), (1.0, 1.0, 6),
+                                                     (0.8, 0.9, 12)])
+def test_sampled_frequencies_match_the_truncated_tempered_distribution(temperature, top_p, top_k):
+    model = tiny_model(tie_embeddings=False)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2)  # a peaked next-token distribution, so T, top-p and top-k all matter
+        logits = model(torch.tensor([[4, 8]]))[0, -1]
+    draws = 6000
+    out = generate(model, [[4, 8]] * draws, 1, temperature=temperature, top_p=top_p, top_k=top_k, seed=0)
+    logprobs = (logits / temperature).log_softmax(-1)
+    torch.testing.assert_close(out.logprobs[:, 0], logprobs[out.tokens[:, 0]], atol=1e-5, rtol=0)
+    probs = logprobs.exp()
+    ranked, order = probs.sort(descending=True)  # the intended support, computed independently
+    keep = torch.zeros(VOCAB, dtype=torch.bool)
+    kept = (top_k or VOCAB)
+    keep[order[:kept]] = True
+    ranked = ranked[:kept] / ranked[:kept].sum()
+    keep[order[(ranked.cumsum(0) - ranked >= top_p).nonzero()[:, 0]]] = False
+    counts = torch.bincount(out.tokens[:, 0], minlength=VOCAB)
+    assert counts[~keep].sum() == 0, "a token outside the top-p / top-k set was sampled"
+    assert_frequencies(counts[keep], probs[keep])
+
+
+def assert_frequencies(counts, probs):
+    """Chi-square goodness of fit of integer counts [K] to probabilities [K] (renormalised), rare bins pooled."""
+    counts, probs = counts.double().cpu(), probs.double().cpu()
+    expected = counts.sum() * probs / probs.sum()
+    rare = expected < 5  # pool the rare tokens into one bin: chi-square needs expected counts >= 5
+    if rare.any():
+        counts = torch.cat([counts[~rare], counts[rare].sum()[None]])
+        expected = torch.cat([expected[~rare], expected[rare].sum()[None]])
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    dof = len(counts) - 1
+    assert dof >= 3 and chi2 < dof + 6 * (2 * dof) ** 0.5, f"chi-square {chi2:.1f} with {dof} degrees of freedom"
+
+
+def test_a_stop_id_inside_the_prompt_does_not_stop_the_row():
+    model = tiny_model()
+    for stop in range(VOCAB):  # a stop id that starts every prompt but that the model then never generates
+        prompts = [[stop] + p for p in PROMPTS]
+        free = generate(model, prompts, 12, temperature=0)
+        if not (free.tokens == stop).any():
+            break
+    out = generate(model, prompts, 12, temperature=0, stop_ids=[stop])
+    assert torch.equal(out.tokens, free.tokens) and out.lengths.tolist() == [12] * 4 and out.truncated.all()
+
+
+def test_all_rows_stopping_early_shortens_the_output():
+    out = generate(tiny_model(), PROMPTS, 30, stop_ids=range(VOCAB), seed=0, pad_id=1)
+    assert out.tokens.shape == (4, 1) and out.lengths.tolist() == [1] * 4 and out.stopped.all()
+
+
+def test_same_seed_same_output_different_seed_different_output():
+    model = tiny_model()
+    a, b, c = (generate(model, PROMPTS, 16, seed=s) for s in (7, 7, 8))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_bad_requests_are_clear_errors():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"longest prompt \(9 tokens\) \+ max_new_tokens \(90\) = 99 .*max_seq_len=96"):
+        generate(model, PROMPTS, 90)
+    with pytest.raises(ValueError, match="non-empty"):
+        generate(model, [], 4)
+    with pytest.raises(ValueError, match="non-empty"):
+        generate(model, [[1, 2], []], 4)
+    with pytest.raises(ValueError, match=r"\[0, 97\)"):
+        generate(model, [[1, 97]], 4)
+
+
+@pytest.mark.gpu
+def test_fused_cuda_sampler_draws_from_the_tempered_distribution():
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(10_000)).to("cuda", torch.bfloat16)  # 3 chunks of 4096: the cross-chunk merge counts
+    generator = torch.Generator("cuda").manual_seed(0)
+    ids, logprobs = sample.sample_next(logits.expand(40_000, -1), 0.8, 1.0, 0, generator)
+    expected = (logits.float() / 0.8).log_softmax(-1)
+    torch.testing.assert_close(logprobs, expected[ids], atol=1e-5, rtol=0)
+    assert_frequencies(torch.bincount(ids, minlength=10_000), expected.exp())
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_equal_the_eager_loop_and_a_full_forward():
+    model = tiny_model(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32, ffn_dim=512, vocab_size=2048,
+                       max_seq_len=512).to("cuda", torch.bfloat16)
+    prompts = [[(7 * i + 3 * j) % 2048 for j in range(20 + 13 * i)] for i in range(12)]
+    for kwargs in (dict(temperature=0), dict(temperature=0.8, top_p=0.95, seed=1), dict(temperature=1.0, seed=2),
+                   dict(temperature=1.0, seed=3, stop_ids=range(40))):  # early stops: compaction and recapture
+        graphed = generate(model, prompts, 300, **kwargs)
+        eager = generate(model, prompts, 300, cuda_graphs=False, **kwargs)
+        assert torch.equal(graphed.tokens, eager.tokens), kwargs
+        torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-3, rtol=0)
+    greedy = generate(model, prompts, 300, temperature=0)
+    completions = [greedy.tokens[r, :n].tolist() for r, n in enumerate(greedy.lengths.tolist())]
+    with torch.no_grad():
+        expected = full_forward_logprobs(model.float().cpu(), prompts, completions, 1.0)
+    for row, n in enumerate(greedy.lengths.tolist()):  # bf16 cache vs fp32 forward: equal up to rounding
+        torch.testing.assert_close(greedy.logprobs[row, :n].cpu(), expected[row], atol=0.1, rtol=0)
