@@ -1,0 +1,66 @@
+"""
+Curves of a train.py run: reward, held-out pass@1, response length and KL against step, as one PNG.
+
+    python plot.py out/demo            # writes out/demo/curves.png
+
+Reads OUT_DIR/log.jsonl (one line per step) and OUT_DIR/eval.jsonl (one line per held-out evaluation).
+Needs matplotlib (`pip install matplotlib`); train.py calls this at the end of a run when it is installed.
+"""
+import json
+import os
+import sys
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_run(out_dir: str, path: str = "") -> str:
+    """Draw the run in out_dir to path (default out_dir/curves.png); returns the path."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("plot.py needs matplotlib: pip install matplotlib") from None
+    log = read_jsonl(os.path.join(out_dir, "log.jsonl"))
+    evals = read_jsonl(os.path.join(out_dir, "eval.jsonl"))
+    if not log and not evals:
+        raise FileNotFoundError(f"no log.jsonl or eval.jsonl in {out_dir}: is it a train.py out_dir?")
+
+    def series(rows, key):
+        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        return [s for s, _ in points], [v for _, v in points]
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    panels = [(axes[0, 0], "train reward", [(log, "reward", "total"), (log, "accuracy", "correctness")]),
+              (axes[0, 1], "held-out pass@1 (greedy)", [(evals, "pass@1", "pass@1")]),
+              (axes[1, 0], "response length (tokens)", [(log, "response_length", "mean"),
+                                                        (log, "response_length_max", "max")]),
+              (axes[1, 1], "KL to reference (k3)", [(log, "kl", "kl")])]
+    for ax, title, lines in panels:
+        for rows, key, label in lines:
+            steps, values = series(rows, key)
+            if steps:
+                ax.plot(steps, values, marker="o" if rows is evals else None, markersize=4, label=label)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend()
+    for ax in axes[1]:
+        ax.set_xlabel("GRPO step")
+    fig.suptitle(os.path.normpath(out_dir))
+    fig.tight_layout()
+    path = path or os.path.join(out_dir, "curves.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python plot.py OUT_DIR")
+    print(plot_run(sys.argv[1]))

