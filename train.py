@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from data import (format_prompt, load_gsm8k, load_tokenizer, response_prefix, stop_token_ids,
-                  synthetic_problems)
+                  synthetic_problems, write_jsonl)
 from eval import evaluate
 from grpo import group_advantages, grpo_loss, zero_std_group_fraction
 from model import ModelConfig, Transformer
@@ -506,6 +506,7 @@ def train(cfg: TrainConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     rows, heldout = load_problems(cfg)
+    write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))  # what `python eval.py --data` can re-score
     prompts = [tokenizer.encode(format_prompt(row["question"], cfg.template)) for row in rows]
     state = None
     if cfg.resume:
@@ -548,8 +549,8 @@ def train(cfg: TrainConfig) -> dict:
     # the reference must be saved unless it is exactly the pretrained checkpoint that cfg.model names
     save_reference = reference is not None and (cfg.model == "scratch" or cfg.sft_steps > 0 or cfg.ref_reset_every > 0)
 
-    def checkpoint_now(step):
-        save_checkpoint(ckpt_path, {
+    def checkpoint_now(step, path=ckpt_path):
+        save_checkpoint(path, {
             "model": policy.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
             "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(policy.config),
             "stream": stream.state_dict(), "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
@@ -569,6 +570,8 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.eval_every > 0:
             summary["pass@1_start"] = held_out_eval(0)
         checkpoint_now(0)  # a resume point after the warm start
+        if cfg.sft_steps > 0:
+            checkpoint_now(0, os.path.join(cfg.out_dir, "sft.pt"))  # kept: eval.py can score the warm start alone
     bar = tqdm(range(start + 1, cfg.max_steps + 1), initial=start, total=cfg.max_steps, desc="grpo",
                dynamic_ncols=True)
     for step in bar:
