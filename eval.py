@@ -2,10 +2,10 @@
 Held-out evaluation: pass@1 (greedy, or the mean over n samples) and unbiased pass@k.
 
     python eval.py --model Qwen/Qwen2.5-0.5B --data data/gsm8k/test.jsonl
-    python eval.py --model out/demo/ckpt.pt --data heldout.jsonl --n 8 --k 1,4,8 --temperature 1.0
+    python eval.py --model out/demo/ckpt.pt --data out/demo/heldout.jsonl --n 8 --k 1,4,8
 
 --model takes a Hugging Face name or directory, or a train.py checkpoint (.pt: its saved config gives the model
-shape, tokenizer and template). Every completion is written with its verdict to OUT/completions.jsonl and the
+shape, tokenizer, template and max_new_tokens; train.py writes the run's held-out questions to OUT_DIR/heldout.jsonl). Every completion is written with its verdict to OUT/completions.jsonl and the
 figures to OUT/summary.json.
 """
 import argparse
@@ -82,8 +82,9 @@ def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: i
     return summary
 
 
-def load_model(name: str, device, tokenizer_name: str = "", template: str = ""):
-    """(model, tokenizer, template) from a train.py checkpoint (.pt) or a Hugging Face name/directory."""
+def load_model(name: str, device, tokenizer_name: str = ""):
+    """(model, tokenizer, run config) from a train.py checkpoint (.pt) or a Hugging Face name/directory; the run
+    config is the checkpoint's TrainConfig as a dict ({} for Hugging Face models): it supplies eval defaults."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if name.endswith(".pt"):
         if not os.path.isfile(name):
@@ -91,13 +92,13 @@ def load_model(name: str, device, tokenizer_name: str = "", template: str = ""):
         state = torch.load(name, map_location="cpu", weights_only=True)
         model = Transformer(ModelConfig(**state["model_config"]))
         model.load_state_dict(state["model"])
-        config = state["config"]
-        tokenizer_name = tokenizer_name or config["tokenizer"] or config["model"]
-        template = template or config["template"]
+        run_config = state["config"]
+        tokenizer_name = tokenizer_name or run_config["tokenizer"] or run_config["model"]
     else:
         model = Transformer.from_pretrained(name, dtype=dtype)
+        run_config = {}
         tokenizer_name = tokenizer_name or name
-    return model.to(device=device, dtype=dtype), load_tokenizer(tokenizer_name), template or "r1_zero"
+    return model.to(device=device, dtype=dtype), load_tokenizer(tokenizer_name), run_config
 
 
 def main(argv=None):
@@ -107,13 +108,13 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=1, help="samples per question")
     parser.add_argument("--k", default="1", help="comma-separated k for pass@k (each <= n)")
     parser.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) if n == 1, else 1")
-    parser.add_argument("--max_new_tokens", type=int, default=512)
+    parser.add_argument("--max_new_tokens", type=int, default=0, help="default: the checkpoint's, or 512")
     parser.add_argument("--template", default="", help="prompt template (default: the checkpoint's, or r1_zero)")
     parser.add_argument("--tokenizer", default="", help="default: the checkpoint's, or the model's own")
     parser.add_argument("--limit", type=int, default=0, help="evaluate only the first L questions")
     parser.add_argument("--batch_size", type=int, default=64, help="completions per generate call")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="", help="output dir (default: out/eval/<model name>)")
+    parser.add_argument("--out", default="", help="output dir (default: CKPT_eval/ beside a .pt, else out/eval/NAME)")
     args = parser.parse_args(argv)
 
     ks = tuple(int(k) for k in args.k.split(","))
@@ -122,11 +123,16 @@ def main(argv=None):
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     rows = load_gsm8k_file(args.data)[:args.limit or None]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer, template = load_model(args.model, device, args.tokenizer, args.template)
-    out_dir = args.out or os.path.join("out", "eval", os.path.basename(os.path.normpath(args.model)))
+    model, tokenizer, run_config = load_model(args.model, device, args.tokenizer)
+    template = args.template or run_config.get("template", "r1_zero")
+    max_new_tokens = args.max_new_tokens or run_config.get("max_new_tokens", 512)
+    if args.model.endswith(".pt"):  # out/demo/ckpt.pt -> out/demo/ckpt_eval: beside the run it scores
+        out_dir = args.out or os.path.splitext(args.model)[0] + "_eval"
+    else:
+        out_dir = args.out or os.path.join("out", "eval", os.path.basename(os.path.normpath(args.model)))
     os.makedirs(out_dir, exist_ok=True)
     summary = evaluate(model, tokenizer, rows, template=template, n=args.n, temperature=temperature, ks=ks,
-                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                       max_new_tokens=max_new_tokens, batch_size=args.batch_size, seed=args.seed,
                        out_path=os.path.join(out_dir, "completions.jsonl"))
     summary.update(model=args.model, data=args.data, template=template)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
