@@ -44,8 +44,17 @@ def plot_run(out_dir: str, path: str = "") -> str:
     for ax, title, lines in panels:
         for rows, key, label in lines:
             steps, values = series(rows, key)
-            if steps:
-                ax.plot(steps, values, marker="o" if rows is evals else None, markersize=4, label=label)
+            if not steps:
+                continue
+            if rows is evals:
+                ax.plot(steps, values, marker="o", markersize=4, label=label)
+                continue
+            # one step is one small batch: draw it faint, and a trailing mean over ~1/20 of the run on top
+            line, = ax.plot(steps, values, alpha=0.25)
+            window = max(1, len(values) // 20)
+            smooth = [sum(values[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window))
+                      for i in range(len(values))]
+            ax.plot(steps, smooth, color=line.get_color(), label=f"{label} (mean of {window})")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if len(lines) > 1:
