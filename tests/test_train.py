@@ -174,3 +174,44 @@ def test_micro_batched_gradients_equal_the_full_batch():
 def test_sft_text_keeps_reasoning_and_tags_the_answer():
     row = {"solution": "She has 3 * 4 = <<3*4=12>>12 eggs.\nSo 12 + 1 = <<12+1=13>>13.\n#### 13", "gold": "13"}
     assert sft_text(row) == "She has 3 * 4 = 12 eggs.\nSo 12 + 1 = 13.</think> <answer>13</answer>"
+
+
+def test_grpo_updates_raise_the_reward_on_a_toy_task():
+    """The loop's pieces wired as in grpo_step (sample G, score, group advantages, micro-batched update) must make
+    a rewarded behaviour more likely: here reward 1 when the 2-token completion starts with an even token id."""
+    from grpo import group_advantages
+    model = tiny_model()
+    prompts, _ = random_rows(6, seed=2)
+    cfg = TrainConfig(beta=0.0, logprob_chunk=64)
+    optimizer = train.make_optimizer(model, 1e-2, cfg, torch.device("cpu"))
+    even = torch.arange(len(CharTokenizer())) % 2 == 0
+
+    def p_even():
+        with torch.no_grad():
+            last = [model(torch.tensor([p]))[0, -1].softmax(-1) for p in prompts]
+        return torch.stack([probs[even].sum() for probs in last]).mean().item()
+
+    before = p_even()
+    for step in range(12):
+        batch_prompts = [p for p in prompts for _ in range(8)]
+        rollout = generate(model, batch_prompts, 2, temperature=1.0, seed=step)
+        completions = rollout.tokens.tolist()
+        rewards = torch.tensor([float(c[0] % 2 == 0) for c in completions])
+        batches = make_micro_batches(batch_prompts, completions, group_advantages(rewards, 8), 16, 0, "cpu")
+        accumulate_gradients(model, batches, cfg, torch.autocast("cpu", enabled=False))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert 0.3 < before < 0.7 and p_even() > before + 0.2, (before, p_even())
+
+
+def test_eval_cli_rescores_a_checkpoint_to_the_logged_pass_at_1(tiny_qwen, gsm8k_dir, tmp_path):
+    import eval as eval_cli
+    out = str(tmp_path / "run")
+    train.train(tiny_run(tiny_qwen, gsm8k_dir, out, max_steps=1, eval_every=1))
+    with open(os.path.join(out, "eval.jsonl")) as f:
+        logged = [json.loads(line) for line in f][-1]
+    summary = eval_cli.main(["--model", os.path.join(out, "ckpt.pt"), "--data", os.path.join(out, "heldout.jsonl")])
+    assert logged["step"] == 1 and summary["pass@1"] == logged["pass@1"]
+    assert summary["response_length"] == logged["response_length"]  # same prompts, template and max_new_tokens
+    with open(os.path.join(out, "ckpt_eval", "completions.jsonl")) as f:
+        assert len(f.readlines()) == 2
