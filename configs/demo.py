@@ -36,5 +36,5 @@ eval_batch_size = 200
 sample_every = 25
 checkpoint_every = 50
 out_dir = "out/demo"
-device = "cpu"
+device = "cpu"  # the README's numbers are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
 seed = 1337
