@@ -1,4 +1,4 @@
-# The offline demo: the R1 pipeline in miniature on a laptop CPU, no network, about 10 minutes.
+# The offline demo: the R1 pipeline in miniature on a laptop CPU, no network, about 8 minutes.
 #   python train.py configs/demo.py
 #
 # A 0.8M-parameter model of model.py's Qwen2 shape, trained from scratch on one character per token, solves
