@@ -5,8 +5,9 @@ Held-out evaluation: pass@1 (greedy, or the mean over n samples) and unbiased pa
     python eval.py --model out/demo/ckpt.pt --data out/demo/heldout.jsonl --n 8 --k 1,4,8
 
 --model takes a Hugging Face name or directory, or a train.py checkpoint (.pt: its saved config gives the model
-shape, tokenizer, template and max_new_tokens; train.py writes the run's held-out questions to OUT_DIR/heldout.jsonl). Every completion is written with its verdict to OUT/completions.jsonl and the
-figures to OUT/summary.json.
+shape, tokenizer, template and max_new_tokens; train.py writes the run's held-out questions to
+OUT_DIR/heldout.jsonl). Every completion is written with its verdict to OUT/completions.jsonl and the figures to
+OUT/summary.json.
 """
 import argparse
 import json

@@ -18,6 +18,12 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """values[i] -> mean of values[i - window + 1 .. i] (fewer at the start)."""
+    chunks = (values[max(0, i + 1 - window):i + 1] for i in range(len(values)))
+    return [sum(chunk) / len(chunk) for chunk in chunks]
+
+
 def plot_run(out_dir: str, path: str = "") -> str:
     """Draw the run in out_dir to path (default out_dir/curves.png); returns the path."""
     try:
@@ -52,9 +58,7 @@ def plot_run(out_dir: str, path: str = "") -> str:
             # one step is one small batch: draw it faint, and a trailing mean over ~1/20 of the run on top
             line, = ax.plot(steps, values, alpha=0.25)
             window = max(1, len(values) // 20)
-            smooth = [sum(values[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window))
-                      for i in range(len(values))]
-            ax.plot(steps, smooth, color=line.get_color(), label=f"{label} (mean of {window})")
+            ax.plot(steps, trailing_mean(values, window), color=line.get_color(), label=f"{label} (mean of {window})")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if len(lines) > 1:

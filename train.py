@@ -21,6 +21,7 @@ import math
 import os
 import random
 import runpy
+import shutil
 import sys
 import time
 import types
@@ -549,8 +550,8 @@ def train(cfg: TrainConfig) -> dict:
     # the reference must be saved unless it is exactly the pretrained checkpoint that cfg.model names
     save_reference = reference is not None and (cfg.model == "scratch" or cfg.sft_steps > 0 or cfg.ref_reset_every > 0)
 
-    def checkpoint_now(step, path=ckpt_path):
-        save_checkpoint(path, {
+    def checkpoint_now(step):
+        save_checkpoint(ckpt_path, {
             "model": policy.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
             "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(policy.config),
             "stream": stream.state_dict(), "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
@@ -570,8 +571,8 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.eval_every > 0:
             summary["pass@1_start"] = held_out_eval(0)
         checkpoint_now(0)  # a resume point after the warm start
-        if cfg.sft_steps > 0:
-            checkpoint_now(0, os.path.join(cfg.out_dir, "sft.pt"))  # kept: eval.py can score the warm start alone
+        if cfg.sft_steps > 0:  # kept after ckpt.pt moves on: eval.py can score the warm start alone
+            shutil.copyfile(ckpt_path, os.path.join(cfg.out_dir, "sft.pt"))
     bar = tqdm(range(start + 1, cfg.max_steps + 1), initial=start, total=cfg.max_steps, desc="grpo",
                dynamic_ncols=True)
     for step in bar:
