@@ -30,8 +30,7 @@ GSM8K_SHA256 = {"train": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed
 def load_jsonl(path: str, required_keys: tuple[str, ...] = ("question", "answer")) -> list[dict]:
     """The JSON objects of a JSONL file, one per non-blank line, each checked to have required_keys."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found (for GSM8K: "
-                                f"`python data.py gsm8k --out {os.path.dirname(path) or '.'}`)")
+        raise FileNotFoundError(f"{path} not found")
     rows = []
     with open(path, encoding="utf-8") as f:
         for line_number, line in enumerate(f, start=1):
@@ -63,8 +62,12 @@ def load_gsm8k_file(path: str) -> list[dict]:
 
 
 def load_gsm8k(data_dir: str, split: str) -> list[dict]:
-    """Problem rows of {data_dir}/{split}.jsonl, e.g. split "train" (7473 rows) or "test" (1319 rows)."""
-    return load_gsm8k_file(os.path.join(data_dir, f"{split}.jsonl"))
+    """Problem rows of {data_dir}/{split}.jsonl, e.g. split "train" (7473 rows) or "test" (1319 rows).
+    The repo ships GSM8K in data/gsm8k; elsewhere `python data.py gsm8k --out DIR` fetches the same files."""
+    path = os.path.join(data_dir, f"{split}.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found (for GSM8K: `python data.py gsm8k --out {data_dir}`)")
+    return load_gsm8k_file(path)
 
 
 def write_jsonl(rows: list[dict], path: str):
@@ -117,6 +120,11 @@ def _template(template_name: str) -> str:
 def format_prompt(question: str, template_name: str) -> str:
     """The prompt text for one question."""
     return _template(template_name).format(question=question)
+
+
+def encode_prompt(tokenizer, question: str, template_name: str) -> list[int]:
+    """The prompt's token ids for one question: what train.py and eval.py feed the sampler."""
+    return tokenizer.encode(format_prompt(question, template_name))
 
 
 def response_prefix(template_name: str) -> str:

@@ -118,8 +118,9 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps=0.2, clip_eps
         for rows in micro_batches:
             loss, stats = grpo_loss(..., num_sequences=n_seq, num_tokens=n_tok, constant_norm=max_new_tokens)
             loss.backward()                                # summed gradients == full-batch gradient
-    stats (detached 0-d tensors, no host sync here; the caller calls .item()), each a mean over this call's
-    masked tokens: "kl" (nan when ref_logp is None), "clip_frac_low" (A < 0 and ratio < 1-clip_eps),
+    stats (detached 0-d tensors, no host sync here), each a sum over this call's masked tokens divided by
+    num_tokens (default: this call's count, giving a mean), so that, like the loss, micro-batch stats add up to
+    the whole batch's means: "kl" (nan when ref_logp is None), "clip_frac_low" (A < 0 and ratio < 1-clip_eps),
     "clip_frac_high" (A > 0 and ratio > 1+clip_eps_high), "ratio_mean".
     """
     if loss_agg not in LOSS_AGGS:
@@ -161,12 +162,14 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps=0.2, clip_eps
         loss = masked_sum.sum() / ((logp.shape[1] if constant_norm is None else constant_norm) * n_seq)
 
     with torch.no_grad():
-        def masked_mean(x):
-            return (x.float() * weights).sum() / weights.sum().clamp(min=1)
+        token_count = weights.sum().clamp(min=1) if num_tokens is None else num_tokens
+
+        def token_mean(x):
+            return (x.float() * weights).sum() / token_count
         stats = {
-            "kl": masked_mean(kl) if kl is not None else torch.tensor(float("nan"), device=logp.device),
-            "clip_frac_low": masked_mean((adv < 0) & (ratio < 1 - clip_eps)),
-            "clip_frac_high": masked_mean((adv > 0) & (ratio > 1 + clip_eps_high)),
-            "ratio_mean": masked_mean(ratio),
+            "kl": token_mean(kl) if kl is not None else torch.tensor(float("nan"), device=logp.device),
+            "clip_frac_low": token_mean((adv < 0) & (ratio < 1 - clip_eps)),
+            "clip_frac_high": token_mean((adv > 0) & (ratio > 1 + clip_eps_high)),
+            "ratio_mean": token_mean(ratio),
         }
     return loss, stats

@@ -213,6 +213,14 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # parameters() counts a tied matrix once
 
+    def configure_optimizer(self, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.99)) -> torch.optim.AdamW:
+        """AdamW over the trainable parameters; weight decay on matrices only (not norms, biases). Keep the
+        parameters fp32: plain bf16 AdamW rounds an update of lr 1e-6 away."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=self.lm_head.weight.is_cuda)
+
     def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0, return_hidden=False):
         """ids [B, T] -> logits [B, T, vocab] (or the final normed hidden states [B, T, dim]).
 
@@ -261,7 +269,13 @@ class Transformer(nn.Module):
             from transformers import AutoModelForCausalLM  # transformers dequantizes GGUF with the `gguf` package
             hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, gguf_file=gguf_file, dtype=torch.float32)
             return cls.from_hf_model(hf_model, dtype=dtype, device=device)
-        path = name_or_path if os.path.isdir(name_or_path) else _download(name_or_path)
+        if os.path.isdir(name_or_path):
+            path = name_or_path
+        elif name_or_path.startswith((os.sep, ".", "~")) or name_or_path.count("/") != 1:
+            raise FileNotFoundError(f"model {name_or_path!r}: no such directory (and not a hub name like "
+                                    "'Qwen/Qwen2.5-0.5B')")
+        else:
+            path = _download(name_or_path)
         config_file = os.path.join(path, "config.json")
         if not os.path.isfile(config_file):
             raise FileNotFoundError(f"{config_file} not found: not a Hugging Face model directory")
@@ -283,6 +297,21 @@ class Transformer(nn.Module):
             model.lm_head.weight = model.embed.weight
         model.inv_freq = rope_inv_freq(config)  # buffers are not in the checkpoint: leave the meta device
         return model.to(device=device, dtype=dtype)
+
+
+def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """("auto" | "cuda" | "cpu", "auto" | "bfloat16" | "float32") -> (device, compute dtype); auto picks cuda when
+    available, and bf16 on cuda, fp32 on cpu (bf16 matmuls are slow on most CPUs)."""
+    if device not in ("auto", "cuda", "cpu") or dtype not in ("auto", "bfloat16", "float32"):
+        raise ValueError(f"device must be auto|cuda|cpu and dtype auto|bfloat16|float32, got {device!r}, {dtype!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
+    resolved = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                            "cpu" if device == "auto" else device)
+    if dtype == "auto":
+        return resolved, torch.bfloat16 if resolved.type == "cuda" else torch.float32
+    return resolved, getattr(torch, dtype)
+
 
 def _download(name: str) -> str:
     from huggingface_hub import snapshot_download  # installed with transformers

@@ -6,16 +6,15 @@ Curves of a train.py run: reward, held-out pass@1, response length and KL agains
 Reads OUT_DIR/log.jsonl (one line per step) and OUT_DIR/eval.jsonl (one line per held-out evaluation).
 Needs matplotlib (`pip install matplotlib`); train.py calls this at the end of a run when it is installed.
 """
-import json
 import os
 import sys
 
+from data import load_jsonl
 
-def read_jsonl(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+
+def read_log(path: str) -> list[dict]:
+    """The records of a run's JSONL log, [] if the run has not written it."""
+    return load_jsonl(path, required_keys=("step",)) if os.path.isfile(path) else []
 
 
 def trailing_mean(values: list[float], window: int) -> list[float]:
@@ -32,8 +31,8 @@ def plot_run(out_dir: str, path: str = "") -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("plot.py needs matplotlib: pip install matplotlib") from None
-    log = read_jsonl(os.path.join(out_dir, "log.jsonl"))
-    evals = read_jsonl(os.path.join(out_dir, "eval.jsonl"))
+    log = read_log(os.path.join(out_dir, "log.jsonl"))
+    evals = read_log(os.path.join(out_dir, "eval.jsonl"))
     if not log and not evals:
         raise FileNotFoundError(f"no log.jsonl or eval.jsonl in {out_dir}: is it a train.py out_dir?")
 

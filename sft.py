@@ -1,0 +1,71 @@
+"""Supervised fine-tuning on worked solutions: the warm start (the SFT stage of the R1 pipeline).
+
+The loss is next-token cross-entropy on the completion only (the prompt is context, not a target), averaged over
+every completion token of the batch. optimizer_step() and warmup_lr() are the update shared with the GRPO loop.
+"""
+import json
+import math
+import random
+
+import torch
+from tqdm import tqdm
+
+from logprobs import completion_logprobs, make_micro_batches
+
+
+def sft_text(row: dict) -> str:
+    """The warm-start target after the prompt's "<think>": the worked solution, then the tagged answer.
+    GSM8K's calculator annotations <<a*b=c>> and its final "#### N" line are dropped."""
+    lines = [line for line in row["solution"].splitlines() if not line.lstrip().startswith("####")]
+    reasoning = "\n".join(lines)
+    while "<<" in reasoning and ">>" in reasoning.split("<<", 1)[1]:
+        before, rest = reasoning.split("<<", 1)
+        reasoning = before + rest.split(">>", 1)[1]
+    return f"{reasoning.strip()}</think> <answer>{row['gold']}</answer>"
+
+
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
+    return lr * min(1.0, step / max(1, warmup_steps))
+
+
+def optimizer_step(model, optimizer, lr: float, grad_clip: float) -> torch.Tensor:
+    """Clip the global grad norm to grad_clip (0 = no clipping), step, zero the grads; returns the norm before
+    clipping. A non-finite norm raises FloatingPointError before the update, so the weights stay as they were."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    if not torch.isfinite(norm):  # one host sync per update: the price of never writing nan weights
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"gradient norm is {norm.item()}")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device, autocast, chunk) -> torch.Tensor:
+    """Backward of the mean next-token loss over all target tokens (micro-batched, exact); returns the loss."""
+    batches = make_micro_batches(prompts, targets, torch.ones(len(prompts)), micro_batch_size, pad_id, device)
+    n_tok = sum(b.mask.sum() for b in batches)
+    loss = 0
+    for batch in batches:
+        with autocast:
+            logp, _ = completion_logprobs(model, batch, 1.0, chunk)
+        micro_loss = -(logp * batch.mask).sum() / n_tok
+        micro_loss.backward()
+        loss += micro_loss.detach()
+    return loss
+
+
+def warm_start(model, optimizer, prompts, targets, steps, batch_size, lr, warmup_steps, grad_clip, micro_batch_size,
+               pad_id, device, autocast, chunk, seed, log_path):
+    """`steps` SFT steps on random batches of (prompt, target) token-id pairs; one JSON line per step in log_path."""
+    rng = random.Random(seed)
+    with open(log_path, "w") as log:
+        for step in (bar := tqdm(range(1, steps + 1), desc="sft", dynamic_ncols=True)):
+            picked = rng.sample(range(len(prompts)), min(batch_size, len(prompts)))
+            loss = sft_loss_backward(model, [prompts[i] for i in picked], [targets[i] for i in picked],
+                                     micro_batch_size, pad_id, device, autocast, chunk)
+            optimizer_step(model, optimizer, warmup_lr(lr, step, warmup_steps), grad_clip)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
