@@ -1,0 +1,175 @@
+"""Issue 11's guards: a run is never lost or silently wrong, and a bad setting fails before any work."""
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+import train
+from train import TrainConfig, load_config
+
+
+def tiny(out_dir, **overrides) -> TrainConfig:
+    """A char-level model on synthetic problems: a whole run takes a second or two."""
+    return TrainConfig(**{**dict(
+        model="scratch", tokenizer="char", template="plain", dataset="synthetic", synthetic_train_size=20,
+        synthetic_eval_size=4, eval_size=4, synthetic_args={"max_operand": 9},
+        model_args=dict(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32, max_seq_len=160),
+        group_size=2, prompts_per_step=2, max_new_tokens=8, micro_batch_size=4, lr=1e-3, warmup_steps=1,
+        max_steps=2, eval_every=0, sample_every=0, checkpoint_every=1, out_dir=str(out_dir), device="cpu"),
+        **overrides})
+
+
+def log_steps(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line)["step"] for line in f]
+
+
+def saved_step(out_dir):
+    return torch.load(os.path.join(out_dir, "ckpt.pt"), weights_only=True)["step"]
+
+
+def test_rerun_without_resume_refuses_and_overwrite_starts_clean(tmp_path):
+    train.train(tiny(tmp_path, eval_every=1))
+    assert log_steps(tmp_path) == [1, 2] and os.path.isfile(tmp_path / "eval_00002.jsonl")
+    with pytest.raises(FileExistsError, match="already holds a run: add --resume .* --overwrite"):
+        train.train(tiny(tmp_path))
+    assert log_steps(tmp_path) == [1, 2] and saved_step(tmp_path) == 2  # untouched
+    train.train(tiny(tmp_path, max_steps=1, overwrite=True))
+    assert log_steps(tmp_path) == [1] and not os.path.exists(tmp_path / "eval_00002.jsonl")
+
+
+def test_resume_keeps_the_checkpoint_config_and_allows_only_safe_changes(tmp_path):
+    train.train(tiny(tmp_path, beta=0.0))
+    for change in (dict(lr=0.5), dict(group_size=4), dict(beta=0.04), dict(synthetic_train_size=30)):
+        key = next(iter(change))
+        with pytest.raises(ValueError, match=f"--resume keeps the settings .*changes {key}="):
+            train.train(tiny(tmp_path, **{"beta": 0.0, "resume": True, "max_steps": 3, **change}))
+    assert log_steps(tmp_path) == [1, 2]
+    train.train(tiny(tmp_path, beta=0.0, resume=True, max_steps=3, eval_every=3, micro_batch_size=1))
+    assert log_steps(tmp_path) == [1, 2, 3]
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["beta"] == 0.0
+
+
+@pytest.mark.parametrize("setting, message", [
+    (dict(temperature=0.0), "temperature must be > 0"),
+    (dict(temperature=-1.0), "temperature must be > 0"),
+    (dict(group_size=1), "baseline 'mean' needs group_size >= 2"),
+    (dict(adv_baseline="none", adv_scale="std"), "scale='std' needs a baseline"),
+    (dict(reward_weights={"correctness": 1.0, "lenght": 0.1}), "reward_weights must name rewards from"),
+    (dict(reward_weights={}), "reward_weights must name rewards from"),
+    (dict(model_args={"dimm": 16}), r"model_args has unknown key\(s\) \['dimm'\]"),
+    (dict(synthetic_args={"max_operands": 9}), r"synthetic_args has unknown key\(s\) \['max_operands'\]"),
+    (dict(checkpoint_every=-1), "checkpoint_every must be >= 0"),
+    (dict(eval_size=0, eval_every=5), "eval_size=0 with eval_every > 0"),
+    (dict(tokenizer=""), "model='scratch' needs a tokenizer"),
+    (dict(template="chatty"), "unknown prompt template 'chatty'"),
+    (dict(resume=True, overwrite=True), "resume and overwrite exclude each other"),
+])
+def test_every_setting_is_checked_when_the_config_loads(tmp_path, setting, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(tmp_path, **setting)
+    assert not os.path.exists(tmp_path / "log.jsonl")
+
+
+def test_absurd_lr_stops_at_the_first_non_finite_gradient_and_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(FloatingPointError, match=r"step \d+: gradient norm is (nan|inf).*keeps the last good weights"):
+        train.train(tiny(tmp_path, lr=1e30, weight_decay=0.1, max_steps=6, checkpoint_every=0))  # decay blows up
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert state["step"] == 0 and all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path, monkeypatch):
+    real_step = train.grpo_step
+
+    def step_then_ctrl_c(run, cfg, step):
+        out = real_step(run, cfg, step)
+        if step == 2:
+            signal.raise_signal(signal.SIGINT)  # as if the user pressed Ctrl-C during step 2
+        return out
+    monkeypatch.setattr(train, "grpo_step", step_then_ctrl_c)
+    summary = train.train(tiny(tmp_path, max_steps=5, checkpoint_every=0))
+    assert summary["interrupted"] and summary["step"] == 2
+    assert saved_step(tmp_path) == 2 and log_steps(tmp_path) == [1, 2]
+    monkeypatch.setattr(train, "grpo_step", real_step)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
+    train.train(tiny(tmp_path, max_steps=3, checkpoint_every=0, resume=True))
+    assert log_steps(tmp_path) == [1, 2, 3]
+
+
+def test_empty_data_is_named_before_any_work(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("")
+    (data / "test.jsonl").write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n")
+    with pytest.raises(ValueError, match=r"train.jsonl is empty"):
+        train.train(tiny(tmp_path / "out", dataset="gsm8k", data_dir=str(data)))
+
+
+def test_reward_without_correctness_still_logs_accuracy(tmp_path):
+    train.train(tiny(tmp_path, reward_weights={"format": 1.0}, sample_every=1))
+    with open(tmp_path / "log.jsonl") as f:
+        record = json.loads(f.readline())
+    assert 0 <= record["accuracy"] <= 1 and "reward_correctness" not in record and "reward_format" in record
+
+
+def test_checkpoint_every_zero_saves_only_at_the_end(tmp_path):
+    train.train(tiny(tmp_path, checkpoint_every=0, max_steps=3))
+    assert saved_step(tmp_path) == 3
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", "dict"])
+def test_a_damaged_checkpoint_is_named(tmp_path, content):
+    train.train(tiny(tmp_path, max_steps=1))
+    if content == "dict":
+        torch.save({"model": {}}, tmp_path / "ckpt.pt")
+    else:
+        (tmp_path / "ckpt.pt").write_bytes(content)
+    with pytest.raises(ValueError, match=r"checkpoint .*ckpt.pt (cannot be read|is not a train.py checkpoint)"):
+        train.train(tiny(tmp_path, max_steps=2, resume=True))
+
+
+def test_a_torn_last_log_line_does_not_block_resume(tmp_path):
+    train.train(tiny(tmp_path, max_steps=2))
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')  # killed mid-write
+    train.train(tiny(tmp_path, max_steps=3, resume=True))
+    assert log_steps(tmp_path) == [1, 2, 3]
+
+
+def test_missing_model_dir_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        train.train(tiny(tmp_path, model=str(tmp_path / "no" / "such" / "dir"), model_args={}))
+
+
+def test_help_lists_the_keys(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(["--help"])
+    assert "--group_size=8" in str(exit_info.value) and "--resume=False" in str(exit_info.value)
+
+
+def test_disk_check_refuses_before_writing(tmp_path, monkeypatch):
+    import shutil
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(train.shutil, "disk_usage", lambda path: usage._replace(free=10))
+    with pytest.raises(OSError, match=r"ckpt.pt needs .* GiB but 0.00 GiB is free"):
+        train.train(tiny(tmp_path, max_steps=1))
+    assert not os.path.exists(tmp_path / "ckpt.pt") and not os.path.exists(tmp_path / "ckpt.pt.tmp")
+
+
+def test_eval_cli_rejects_bad_arguments(tmp_path, capsys):
+    import eval as eval_cli
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n")
+    for argv, message in ((["--limit", "-5"], "--limit >= 0"), (["--k", "1,x"], "comma-separated whole numbers"),
+                          (["--n", "2", "--k", "3"], "every k between 1 and n=2")):
+        with pytest.raises(SystemExit):
+            eval_cli.main(["--model", "x.pt", "--data", str(data)] + argv)
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        eval_cli.main(["--model", "x.pt", "--data", str(tmp_path / "missing.jsonl")])
+    err = capsys.readouterr().err
+    assert "missing.jsonl: no such file" in err and "data.py gsm8k" not in err
