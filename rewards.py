@@ -13,11 +13,30 @@ from types import MappingProxyType
 
 MAX_ANSWER_CHARS = 200  # a longer candidate answer is not an answer, and caps the per-span work
 MAX_BOXED_TRIES = 4  # unclosed \boxed{ markers examined before giving up, so junk cannot cost O(n^2)
-DEFAULT_FORMS = ("answer_tag", "boxed", "hash", "answer_is")
+DEFAULT_FORMS = ("answer_tag", "boxed", "hash", "answer_is", "last_sentence")
 ANSWER_IS_VARIANTS = ("answer is", "Answer is", "ANSWER IS")
-TRAILING_FORBIDDEN = "=^!\\+*"  # after the number, these (or any digit) mean "more than a number"
+SENTENCE_ENDS = ("\n", ". ", "! ", "? ")
+TRAILING_FORBIDDEN = "=^!\\+*?~<>≈≤≥±≠×÷"  # after the number, these (or any digit) mean "more than a number"
+BOUND_CHARS = "~<>≈≤≥±≠"  # before the number in a sentence: it is approximated or bounded
 TEXT_WRAPPERS = ("\\text{", "\\textbf{", "\\mathrm{", "\\mbox{")
-LATEX_NOISE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "\\$", "$", "^\\circ", "^{\\circ}", "°")
+LATEX_NOISE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "\\$", "$", "\\(", "\\)", "\\[", "\\]",
+               "^\\circ", "^{\\circ}", "°")
+# Words that change or hedge the number they follow: operators, bounds, approximations, doubt, negation,
+# magnitudes and number words (a second number). "more", "fewer" and "times" are absent on purpose:
+# "72 more apples" and "72 times" answer GSM8K's "how many more" and "how many times" questions.
+VALUE_WORDS = frozenset("""
+    or nor plus minus squared cubed divided multiplied least most max maximum minimum above below upwards
+    approximately approx roughly circa ish odd maybe perhaps probably possibly likely not never if unless
+    wrong incorrect half thousand thousands million millions billion billions trillion trillions hundred
+    hundreds grand lakh crore zero one two three four five six seven eight nine ten eleven twelve thirteen
+    fourteen fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
+""".split())
+MAGNITUDE_SYMBOLS = frozenset(("k", "K", "M", "B", "bn", "mn"))  # matched with case: "72 m" is metres
+# Words that bound or hedge a number they precede in a sentence ("more than 72", "up to 72", "about 72").
+BOUND_WORDS = VALUE_WORDS | frozenset("""
+    more less fewer than over under up about around nearly almost between either no twice double triple thrice
+    times guess estimate estimated suppose assume sim simeq le leq ge geq ne neq lt gt pm
+""".split())
 
 # -----------------------------------------------------------------------------
 # answer extraction
@@ -43,40 +62,86 @@ def _rest_of_line(text, start):
     return "" if not newline and len(window) > MAX_ANSWER_CHARS else line
 
 
-def _last_boxed(text):
-    """(position, content) of the last complete \\boxed{...} or \\fbox{...}, or None."""
+def _boxed_answer(text, start):
+    return _braced(text, text.index("{", start))
+
+
+def _hash_answer(text, start):
+    return _rest_of_line(text, start + len("####"))
+
+
+def _answer_is_answer(text, start):
+    line = _rest_of_line(text, start + len("answer is")).strip().removeprefix(":")
+    return line.partition(". ")[0].rstrip(".")  # the sentence ends at its full stop
+
+
+# form -> (its marker strings, reader of the answer after a marker at a position; None if unreadable)
+FORM_MARKERS = MappingProxyType({"boxed": (("\\boxed{", "\\fbox{"), _boxed_answer),
+                                 "hash": (("####",), _hash_answer),
+                                 "answer_is": (ANSWER_IS_VARIANTS, _answer_is_answer)})
+
+
+def _occurs(text, marker):
+    """marker in text, by rfind: CPython's forward search (`in`) is several times slower on long texts."""
+    return text.rfind(marker) >= 0
+
+
+def _last_hit(text, form):
+    """(position, answer) of the last readable marker of form, skipping at most MAX_BOXED_TRIES unreadable ones."""
+    markers, read = FORM_MARKERS[form]
     end = len(text)
     for _ in range(MAX_BOXED_TRIES):
-        start = max(text.rfind("\\boxed{", 0, end), text.rfind("\\fbox{", 0, end))
+        start = max(text.rfind(marker, 0, end) for marker in markers)
         if start < 0:
             return None
-        content = _braced(text, text.index("{", start))
-        if content is not None:
-            return start, content
+        answer = read(text, start)
+        if answer is not None:
+            return start, answer
         end = start
     return None
 
 
-def _last_hash(text):
-    start = text.rfind("####")
-    return (start, _rest_of_line(text, start + 4)) if start >= 0 else None
-
-
-def _last_answer_is(text):
-    start = max(text.rfind(variant) for variant in ANSWER_IS_VARIANTS)
-    if start < 0:
-        return None
-    line = _rest_of_line(text, start + len("answer is")).strip().removeprefix(":")
-    return start, line.partition(". ")[0].rstrip(".")  # the sentence ends at its full stop
-
-
-UNTAGGED_FINDERS = {"boxed": _last_boxed, "hash": _last_hash, "answer_is": _last_answer_is}
-
-
 def _last_marked(text, forms):
-    """The stripped answer after whichever marker of the untagged forms occurs last, or None."""
-    found = [hit for hit in (UNTAGGED_FINDERS[form](text) for form in forms) if hit is not None]
+    """The stripped answer after whichever marker of the forms occurs last, or None."""
+    found = [hit for hit in (_last_hit(text, form) for form in forms) if hit is not None]
     return (max(found)[1].strip() or None) if found else None
+
+
+def _before_any(answer, markers):
+    """answer up to the first marker nested in it: in "#### 3 #### 4" the first marker states "3"."""
+    return answer[:min((answer.find(marker) for marker in markers if marker in answer), default=len(answer))]
+
+
+def _same_answer(first, second):
+    """Whether two answers state the same number, or the same text when neither is a number."""
+    first_value, second_value = parse_number(first), parse_number(second)
+    if first_value is not None or second_value is not None:
+        return first_value == second_value
+    return _normalize_text(first) == _normalize_text(second)
+
+
+def _tag_answer(content, forms):
+    """The answer inside an <answer> tag: its markers' answer if they agree (None if they do not, or if one is
+    unreadable), else the whole content. A marker wrapping another ("answer is $\\boxed{7}$") defers to it."""
+    hits = []
+    for form in forms:
+        markers, read = FORM_MARKERS[form]
+        for marker in markers:
+            start = content.find(marker)
+            while start >= 0:  # content is at most MAX_ANSWER_CHARS long
+                hits.append((start, read(content, start)))
+                start = content.find(marker, start + 1)
+    if not hits:
+        return content
+    if any(answer is None for _, answer in hits):
+        return None
+    all_markers = [marker for form in forms for marker in FORM_MARKERS[form][0]]
+    answers = [_before_any(answer, all_markers).strip() for _, answer in sorted(hits)]
+    answers = [answer for answer in answers if any(ch.isalnum() for ch in answer)]
+    if not answers:
+        return None
+    final = answers[-1]
+    return final if all(_same_answer(answer, final) for answer in answers) else None
 
 
 def _answer_tag_content(text):
@@ -95,45 +160,100 @@ def _answer_tag_content(text):
     return content if 0 < len(content) <= MAX_ANSWER_CHARS else None
 
 
+def _has_value_word(text, words):
+    """Whether text holds a whole word from words (any case), a magnitude symbol (72k, 72M) or a negation (n't)."""
+    letters = "".join(ch if ch.isalpha() or ch in "'’" else " " for ch in text)
+    for word in letters.split():
+        word = word.strip("'’")
+        lower = word.lower()
+        if lower in words or word in MAGNITUDE_SYMBOLS or lower.endswith(("n't", "n’t")):
+            return True
+    return False
+
+
+def _bounds_value(prefix):
+    """Whether the words before a number in a sentence bound, hedge or negate it, or carry its sign apart."""
+    return (any(ch in BOUND_CHARS for ch in prefix) or prefix.rstrip().endswith(("-", "+", "\u2212"))
+            or _has_value_word(prefix, BOUND_WORDS))
+
+
+def _last_sentence_answer(text):
+    """The last sentence of the text from its first number on, or None (the rule is in extract_answer)."""
+    _, _, text = text.rpartition("</think>")  # the reasoning is not the answer
+    if _occurs(text, "<think>"):
+        return None  # the completion ends inside its reasoning
+    body = text.rstrip()
+    window = body[-(MAX_ANSWER_CHARS + 1):]
+    start = max((window.rfind(end) + len(end) for end in SENTENCE_ENDS if end in window), default=0)
+    if start == 0 and len(body) > MAX_ANSWER_CHARS:
+        return None
+    sentence = window[start:].strip()
+    if sentence.endswith("?"):
+        return None
+    exclaimed = sentence.rstrip("!")
+    if not exclaimed[-1:].isdigit():  # "72!" is a factorial; "72 apples!" is emphasis
+        sentence = exclaimed
+    first_digit = min((at for at in (sentence.find(digit) for digit in "0123456789") if at >= 0), default=-1)
+    if first_digit < 0:
+        return None
+    token_start = max(sentence.rfind(" ", 0, first_digit), sentence.rfind("\t", 0, first_digit)) + 1
+    return None if _bounds_value(sentence[:token_start]) else sentence[token_start:]
+
+
 def extract_answer(text: str, forms: tuple[str, ...] = DEFAULT_FORMS) -> str | None:
     """
     The final answer string in a completion, or None. forms (a tuple, any of DEFAULT_FORMS) says
     which notations count:
-      answer_tag  <answer>...</answer> (the R1-Zero template)
-      boxed       \\boxed{...} or \\fbox{...}, nested braces allowed
-      hash        GSM8K's "#### N": the rest of that line
-      answer_is   "the answer is N" (also "final answer is"; lower, Capitalised or UPPER case),
-                  up to the end of the line or sentence
+      answer_tag     <answer>...</answer> (the R1-Zero template)
+      boxed          \\boxed{...} or \\fbox{...}, nested braces allowed
+      hash           GSM8K's "#### N": the rest of that line
+      answer_is      "the answer is N" (also "final answer is"; lower, Capitalised or UPPER case),
+                     up to the end of the line or sentence
+      last_sentence  only when no marker of the other forms occurs anywhere: the final sentence of
+                     the text after any </think> ("Tom has 72 apples."), from its first digit on
     Anti-gaming rules:
       - An <answer> tag, when "<answer>" or "</answer>" occurs at all, is authoritative: if it is empty, unclosed,
         nested or longer than MAX_ANSWER_CHARS the result is None, never a number from the think block.
       - Several <answer> tags must all hold the same content, else None (hedging across tags).
       - Inside the tag, the other forms are unwrapped (<answer>\\boxed{7}</answer> gives "7");
-        without any of them the whole tag content is the answer.
-      - Without a tag, the marker that occurs last in the text wins, over all forms. A later
-        unclosed (or over-long) \\boxed{ is skipped, looking back at most MAX_BOXED_TRIES markers;
-        an empty winner, or a "####"/"answer is" line longer than MAX_ANSWER_CHARS, gives None
-        rather than falling back to an earlier answer.
-      - Hedging inside one answer ("3 or 4", "1, 2, 3") is left to is_equiv, which rejects it.
+        without any of them the whole tag content is the answer (no last_sentence reading in a tag).
+        Several markers in one tag must agree (same number, or same text): <answer>\\boxed{3} or
+        \\boxed{4}</answer>, "#### 3 #### 4" and "the answer is 3. No, the answer is 4" give None, as does
+        an unclosed \\boxed{ there. A marker holding nothing but another ("answer is $\\boxed{7}$") defers to it.
+      - Without a tag, the marker that occurs last in the text wins, over all forms (later self-correction
+        is allowed in reasoning). A later unclosed (or over-long) \\boxed{ is skipped, looking back at most
+        MAX_BOXED_TRIES markers; an empty winner, or a "####"/"answer is" line longer than MAX_ANSWER_CHARS,
+        gives None rather than falling back to an earlier answer or to the last sentence.
+      - last_sentence is the fallback for chat models that state the result in prose. It is a default form
+        because it never overrides a marker: it applies only when no tag and no marker occurs at all. The
+        sentence (split at newlines and ". ", "! ", "? "; at most MAX_ANSWER_CHARS) must not be a question,
+        nor sit in an unclosed <think> block; the text before its first number must not bound or hedge it
+        (BOUND_WORDS: "about", "at least", "more than", "up to", "not", number words...; "~", "<", "≈";
+        a detached sign); from that number on, parse_number must read exactly one number. Listing numbers
+        gains nothing: "70. 71. 72." is read as its last sentence, "72", exactly as "72." alone would be.
+      - Hedging inside one answer ("3 or 4", "1, 2, 3", "about 72") is left to parse_number, which rejects it.
     """
     unknown = set(forms) - set(DEFAULT_FORMS)
     if unknown:
         raise ValueError(f"unknown answer form(s) {sorted(unknown)}; known forms are {DEFAULT_FORMS}")
-    untagged_forms = [form for form in forms if form != "answer_tag"]
-    if "answer_tag" in forms and ("<answer>" in text or "</answer>" in text):
+    marked_forms = [form for form in forms if form in FORM_MARKERS]
+    if "answer_tag" in forms and (_occurs(text, "<answer>") or _occurs(text, "</answer>")):
         content = _answer_tag_content(text)
-        return None if content is None else (_last_marked(content, untagged_forms) or content)
-    return _last_marked(text, untagged_forms)
+        return None if content is None else _tag_answer(content, marked_forms)
+    if any(_occurs(text, marker) for form in marked_forms for marker in FORM_MARKERS[form][0]):
+        return _last_marked(text, marked_forms)
+    return _last_sentence_answer(text) if "last_sentence" in forms else None
 
 # -----------------------------------------------------------------------------
 # equivalence
 
 
 def _strip_latex(text):
-    """Drop LaTeX noise ($, \\left, \\text{} wrappers, degree signs) and unify minus signs / \\frac."""
+    """Replace LaTeX noise ($, \\(, \\left, \\text{} wrappers, degree signs) by spaces, so that removing it never
+    joins two digit runs, and unify minus signs / \\frac."""
     text = text.replace("\u2212", "-").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     for noise in LATEX_NOISE:
-        text = text.replace(noise, "")
+        text = text.replace(noise, " ")
     for wrapper in TEXT_WRAPPERS:
         start = text.find(wrapper)
         while start >= 0:
@@ -143,6 +263,35 @@ def _strip_latex(text):
             text = text[:start] + " " + text[start + len(wrapper):close] + " " + text[close + 1:]
             start = text.find(wrapper, start)
     return text
+
+
+def _strip_emphasis(text):
+    """Replace markdown emphasis (runs of * and _ at a word's edge: **72**, _72_) by spaces. A run between two
+    letters/digits or two spaces is an operator or a subscript (2*3, 2 * 3, 7**2, x_1) and is kept."""
+    if "*" not in text and "_" not in text:
+        return text
+    pieces, start = [], 0
+    while start < len(text):
+        end = start
+        while end < len(text) and text[end] in "*_":
+            end += 1
+        if end == start:
+            pieces.append(text[start])
+            start += 1
+            continue
+        before, after = text[start - 1:start] or " ", text[end:end + 1] or " "
+        operator = (before.isalnum() and after.isalnum()) or (before.isspace() and after.isspace())
+        pieces.append(text[start:end] if operator else " ")
+        start = end
+    return "".join(pieces)
+
+
+def _unwrap_parentheses(text):
+    """'(72)', '(72 apples)', '(72) apples' -> the same without that leading, unnested parenthesis pair."""
+    inner, closed, after = text[1:].partition(")")
+    if not text.startswith("(") or not closed or "(" in inner:
+        return text
+    return f" {inner} {after}"
 
 
 def _frac_to_slash(text):
@@ -190,18 +339,37 @@ def _leading_number(token):
     return Fraction(value * scale + (int(decimals) if decimals else 0), scale), rest
 
 
+def _changes_value(tail):
+    """Whether the text after a number adds to, bounds or hedges it: a second number (digits or words), an
+    operator, a doubt or a magnitude ("72 or more", "72 squared", "72-ish", "72 thousand", "72k")."""
+    return any(ch.isdigit() or ch in TRAILING_FORBIDDEN for ch in tail) or _has_value_word(tail, VALUE_WORDS)
+
+
 def parse_number(text: str) -> Fraction | None:
     """
     The single number a short answer string states, as an exact Fraction, or None.
     Accepts: sign (+, -, unicode minus), $, thousands commas ("1,000"; "1.000" is 1), decimals,
     "3/4", \\frac/\\dfrac/\\tfrac, mixed numbers ("2 1/2", "2\\frac{1}{2}"), a percent sign (dropped),
-    and trailing units or words ("18 dollars", "18cm", "18 apples."). Rejects anything with a second
-    number or an operator after the first ("3 or 4", "1, 2, 3", "5^2", "2+3") and leading words.
+    and trailing units or nouns ("18 dollars", "18cm", "18 apples.", "5 dozen", "72 more", "72 times").
+    Wrappers that do not change the value are removed: markdown emphasis at a word's edge ("**72**",
+    "*72*", "__72__", "**72** apples"), inline math "\\(72\\)", "\\[72\\]", "$72$", and one leading pair
+    of parentheses ("(72)", "(72 apples)").
+    Rejects (None), leaning to 0.0 when in doubt:
+      - a second number or an operator after the first ("3 or 4", "1, 2, 3", "5^2", "2+3", "72 * x"),
+        including number words ("72 plus one") and superscripts ("72²");
+      - leading words or signs of doubt ("x = 5", "about 72", "~72", "≈72", "approximately 72");
+      - trailing words that change, bound or hedge the value, matched as whole words (VALUE_WORDS:
+        "72 or more", "72 squared", "at least"/"at most", "72-ish", "72 or so", "72, approximately",
+        "72 (not counting...)"); units and nouns are not in that closed list, so they pass;
+      - magnitudes, never scaled: "72 thousand", "72k", "72K", "72M", "1.5 billion", "72 bn" are refused,
+        because "72k" read as 72 is wrong and read as 72000 clashes with units (72 m is metres);
+      - digits joined across removed noise: noise becomes a space, so "7%2", "7$2", "7°2" are two
+        numbers; "\\," and "{,}" are thousands separators ("1\\,000" is 1000), checked like commas ("7\\,2").
     """
     if len(text) > MAX_ANSWER_CHARS:
         return None
-    text = _strip_latex(text).replace("{,}", ",").replace("\\%", "").replace("%", "")
-    text = _frac_to_slash(text).strip().rstrip(".")
+    text = _strip_emphasis(text).replace("{,}", ",").replace("\\,", ",").replace("\\%", " ").replace("%", " ")
+    text = _unwrap_parentheses(_frac_to_slash(_strip_latex(text)).strip().rstrip(".")).strip()
     negative = text.startswith("-")
     tokens = (text[1:] if text[:1] in ("+", "-") else text).split()
     if not tokens:
@@ -214,15 +382,14 @@ def parse_number(text: str) -> Fraction | None:
         fraction, fraction_rest = _leading_number(trailing[0])
         if fraction is not None and 0 < fraction < 1:
             value, rest, trailing = value + fraction, fraction_rest, trailing[1:]
-    tail = rest + " " + " ".join(trailing)
-    if any(ch.isdigit() or ch in TRAILING_FORBIDDEN for ch in tail):
+    if _changes_value(rest + " " + " ".join(trailing)):
         return None
     return -value if negative else value
 
 
 def _normalize_text(text):
-    """Whitespace- and LaTeX-insensitive form of a non-numeric answer."""
-    return "".join(_strip_latex(text).split()).rstrip(".")
+    """Whitespace-, emphasis- and LaTeX-insensitive form of a non-numeric answer."""
+    return "".join(_strip_latex(_strip_emphasis(text)).split()).rstrip(".")
 
 
 def is_equiv(pred: str | None, gold: str) -> bool:
