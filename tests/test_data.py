@@ -180,3 +180,11 @@ def test_synthetic_rejects_bad_knobs():
         synthetic_problems(1, seed=0, min_ops=3, max_ops=2)
     with pytest.raises(ValueError, match="max_operand=0"):
         synthetic_problems(1, seed=0, max_operand=0)
+
+
+def test_shipped_gsm8k_files_are_the_pinned_originals():
+    import hashlib
+    from data import GSM8K_SHA256
+    for split, expected in GSM8K_SHA256.items():
+        with open(os.path.join(GSM8K, f"{split}.jsonl"), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == expected, split

@@ -8,7 +8,7 @@ from conftest import ROOT
 from rewards import (REWARD_FUNCTIONS, correctness_reward, extract_answer, format_reward, gold_from_solution,
                      is_equiv, score_completions)
 
-GSM8K_DIR = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
+GSM8K_DIR = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo
 
 
 def tagged(answer, think="Let me compute 3 + 4 = 7 and 12 * 6 = 72."):
@@ -17,8 +17,6 @@ def tagged(answer, think="Let me compute 3 + 4 = 7 and 12 * 6 = 72."):
 
 def test_every_gsm8k_solution_scores_against_its_own_answer_only():
     paths = [os.path.join(GSM8K_DIR, f"{split}.jsonl") for split in ("train", "test")]
-    if not all(os.path.exists(path) for path in paths):
-        pytest.skip(f"GSM8K data not found in {GSM8K_DIR}")
     solutions = [json.loads(line)["answer"] for path in paths for line in open(path)]
     assert len(solutions) == 8792
     for solution in solutions:
