@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -32,23 +33,25 @@ class Samples:
     stopped: list[bool]  # False: cut at max_new_tokens
     rewards: list[float]  # weighted sum of the reward components
     components: dict[str, list[float]]  # each reward, unweighted; "correctness" and "format" always present
+    seconds_sampling: float  # generate, to the tokens on the host
+    seconds_scoring: float  # decoding and rewards
 
 
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: str,
                      max_new_tokens: int, temperature: float, seed: int, weights: dict[str, float],
                      top_p: float = 1.0, top_k: int = 0) -> Samples:
     """Sample one completion per prompt, decode it and score it against its gold answer."""
-    stop = stop_token_ids(tokenizer)
+    stop, start = stop_token_ids(tokenizer), time.perf_counter()
     rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                        stop_ids=stop, seed=seed, pad_id=tokenizer.pad_token_id)
     tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
-    completions = [row[:n] for row, n in zip(tokens, lengths)]
+    completions, sampled = [row[:n] for row, n in zip(tokens, lengths)], time.perf_counter()
     texts = [tokenizer.decode(c[:-1] if c[-1] in stop else c) for c in completions]
     prefix = response_prefix(template)  # the prompt ends in "<think>": the format reward judges the whole response
     # accuracy and format are measured whatever the weights; a 0 weight keeps them out of the reward
     rewards, components = score_completions([prefix + t for t in texts], golds, [not s for s in stopped],
                                             {"correctness": 0.0, "format": 0.0, **weights})
-    return Samples(completions, texts, stopped, rewards, components)
+    return Samples(completions, texts, stopped, rewards, components, sampled - start, time.perf_counter() - sampled)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

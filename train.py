@@ -288,7 +288,6 @@ def step_seed(seed: int, step: int) -> int:
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     """One step of GRPO on run's weights, in place; returns (the step's log record, two sample completions)."""
     G, device = cfg.group_size, run.policy.lm_head.weight.device
-    t0 = time.perf_counter()
     # 1. sample G completions for each of prompts_per_step questions (a group is G consecutive rows) and score them
     picked = run.stream.next(cfg.prompts_per_step)
     prompts = [run.prompts[i] for i in picked for _ in range(G)]
@@ -327,7 +326,8 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
               "accuracy": mean(samples.components["correctness"]), "response_length": mean(lengths),
               "response_length_max": max(lengths), "truncation_rate": 1 - mean(samples.stopped),
               "zero_std_frac": zero_std_group_fraction(rewards, G).item(), **stats, "lr": lr,
-              "tokens_per_s": sum(lengths) / (t1 - t0), "time_sample": t1 - t0, "time_reference": t2 - t1,
+              "tokens_per_s": sum(lengths) / samples.seconds_sampling, "time_sample": samples.seconds_sampling,
+              "time_reward": samples.seconds_scoring, "time_reference": t2 - t1,
               "time_update": t3 - t2}
     record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}  # kl when beta=0
     shown = [{"step": step, "question": run.problems[picked[q]]["question"], "gold": golds[q * G],
@@ -552,7 +552,9 @@ def train(cfg: TrainConfig) -> dict:
                 break
     bar.close()
     summary["step"] = run.step
-    if importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
+    drawn = any(os.path.getsize(os.path.join(cfg.out_dir, name)) for name in ("log.jsonl", "eval.jsonl")
+                if os.path.isfile(os.path.join(cfg.out_dir, name)))
+    if drawn and importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
         from plot import plot_run
         tqdm.write(f"curves: {plot_run(cfg.out_dir)}")
     return summary

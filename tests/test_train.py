@@ -69,7 +69,7 @@ def test_two_steps_resume_one_more_equals_three_steps(tiny_qwen, gsm8k_dir, tmp_
     expected = torch.load(os.path.join(straight, "ckpt.pt"), weights_only=True)
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, resumed["model"][name]), name
-    timing = ("tokens_per_s", "time_sample", "time_reference", "time_update")
+    timing = ("tokens_per_s", "time_sample", "time_reward", "time_reference", "time_update")
     assert [{k: v for k, v in r.items() if k not in timing} for r in read_log(straight)] == \
            [{k: v for k, v in r.items() if k not in timing} for r in log]
     with open(os.path.join(out, "config.json")) as f:

@@ -1,0 +1,32 @@
+"""bench.py keeps working: its --tiny run measures every part of its own table on the CPU."""
+import bench
+
+
+def test_tiny_bench_fills_the_table():
+    result = bench.main(["--tiny", "--skip", "trl"])
+    sampler, step = result["sampler"], result["step"]
+    assert sampler["ours_tokens_per_s"] > 0 and sampler["hf_tokens_per_s"] > 0
+    assert sampler["speedup_vs_hf"] == sampler["ours_tokens_per_s"] / sampler["hf_tokens_per_s"]
+    assert "bandwidth_fraction" not in sampler  # no bandwidth is known for a CPU: no made-up fraction
+    parts = step["time_sample"] + step["time_reward"] + step["time_reference"] + step["time_update"]
+    assert 0 < parts <= step["time_step"] and step["peak_memory_gib"] > 0
+    text = bench.report(result)
+    assert "| train.grpo_step |" in text and "| sample.generate |" in text
+
+
+def test_missing_trl_is_reported_not_hidden():
+    result = {"shape": "tiny", "dtype": "float32", "device": "cpu", "torch": "x", "beta": 0.04,
+              "workload": bench.WORKLOADS["tiny"], "trl": None,
+              "step": {"time_step": 1.0, "time_sample": 0.5, "time_reward": 0.1, "time_reference": 0.2,
+                       "time_update": 0.2, "peak_memory_gib": 1.0, "steps_timed": 2}}
+    assert "TRL: skipped, trl is not importable" in bench.report(result)
+
+
+def test_bandwidth_bound_counts_weights_and_the_growing_cache():
+    from model import ModelConfig, Transformer
+    model = Transformer(ModelConfig(**bench.SHAPES["tiny"], max_seq_len=64))
+    weights = model.num_params() * 4
+    kv_per_token = 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 kv heads, head_dim 16, fp32
+    # 3 new tokens: 2 decode steps after the prefill, reading the cache of 10 + 1 and 10 + 2 tokens for 4 rows
+    expected = (2 * weights + 4 * (11 + 12) * kv_per_token) / 1e9
+    assert bench.bandwidth_bound_seconds(model, 4, 10, 3, 1e9) == expected
