@@ -100,26 +100,42 @@ def download_gsm8k(out_dir: str, url_template: str = GSM8K_URL):
 # -----------------------------------------------------------------------------
 # prompt templates
 
+R1_ZERO_INSTRUCTION = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
+    "first thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning "
+    "process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., "
+    "<think> reasoning process here </think> <answer> answer here </answer>.")
 TEMPLATES = {
-    "r1_zero": ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
-                "The assistant first thinks about the reasoning process in the mind and then provides the user "
-                "with the answer. The reasoning process and answer are enclosed within <think> </think> and "
-                "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> "
-                "<answer> answer here </answer>. User: {question}\nAssistant: <think>"),
+    "r1_zero": R1_ZERO_INSTRUCTION + " User: {question}\nAssistant: <think>",
     "plain": "Question: {question}\nAnswer: <think>",  # short, for tiny character-level models
 }
+CHAT = "chat"  # not a text template: the tokenizer's own chat template, the R1-Zero instruction as system turn
 THINK_OPEN = "<think>"
+ANSWER_CLOSE = "</answer>"  # every template asks for the answer in <answer> </answer>: its end ends a completion
 
 
-def _template(template_name: str) -> str:
-    if template_name not in TEMPLATES:
-        raise ValueError(f"unknown prompt template {template_name!r}; known templates: {sorted(TEMPLATES)}")
-    return TEMPLATES[template_name]
+def _check_template(template_name: str):
+    if template_name not in TEMPLATES and template_name != CHAT:
+        raise ValueError(f"unknown prompt template {template_name!r}; known templates: {sorted([*TEMPLATES, CHAT])}")
 
 
-def format_prompt(question: str, template_name: str) -> str:
-    """The prompt text for one question."""
-    return _template(template_name).format(question=question)
+def format_prompt(question: str, template_name: str, tokenizer=None) -> str:
+    """The prompt text for one question; the chat template needs the tokenizer whose chat template it applies."""
+    _check_template(template_name)
+    if template_name != CHAT:
+        return TEMPLATES[template_name].format(question=question)
+    if not getattr(tokenizer, "chat_template", None):
+        which = "no tokenizer was given" if tokenizer is None else f"{type(tokenizer).__name__} has none"
+        raise ValueError(f"template {CHAT!r} applies the tokenizer's own chat template, and {which}: "
+                         f"use one of the text templates {sorted(TEMPLATES)}")
+    messages = [{"role": "system", "content": R1_ZERO_INSTRUCTION}, {"role": "user", "content": question}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + THINK_OPEN
+
+
+def encode_prompt(tokenizer, question: str, template_name: str) -> list[int]:
+    """The prompt token ids for one question: format_prompt's text, encoded."""
+    text = format_prompt(question, template_name, tokenizer)
+    return tokenizer.encode(text, add_special_tokens=template_name != CHAT)  # a chat text holds its own specials
 
 
 def encode_prompt(tokenizer, question: str, template_name: str) -> list[int]:
@@ -129,7 +145,8 @@ def encode_prompt(tokenizer, question: str, template_name: str) -> list[int]:
 
 def response_prefix(template_name: str) -> str:
     """The end of the prompt that the completion continues ("<think>"): the format reward judges prefix + completion."""
-    return THINK_OPEN if _template(template_name).endswith(THINK_OPEN) else ""
+    _check_template(template_name)
+    return THINK_OPEN if template_name == CHAT or TEMPLATES[template_name].endswith(THINK_OPEN) else ""
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -199,6 +216,25 @@ def stop_token_ids(tokenizer) -> list[int]:
     if not ids:
         raise ValueError("tokenizer has no eos token and no <|im_end|> or <|endoftext|>: nothing can end a completion")
     return sorted(ids)
+
+
+def stop_sequences(tokenizer, template_name: str) -> list[list[int]]:
+    """Token sequences that end a completion (sample.generate's stop_sequences): each stop_token_ids id alone, then
+    "</answer>" as the tokenizer splits it amid the text a model likely writes before and after it, each split cut
+    to the fewest tokens that hold "</answer>" (a BPE merges " </" and ">\\n"), each distinct split once.
+    Every template asks for <answer> </answer>, so template_name is only checked."""
+    _check_template(template_name)
+    sequences = [[i] for i in stop_token_ids(tokenizer)]
+    for before in ("", " ", "\n"):
+        for after in ("", "\n", "\n\n"):
+            ids = tokenizer.encode(before + ANSWER_CLOSE + after, add_special_tokens=False)
+            while ANSWER_CLOSE in tokenizer.decode(ids[1:]):
+                ids = ids[1:]
+            while ANSWER_CLOSE in tokenizer.decode(ids[:-1]):
+                ids = ids[:-1]
+            if ids not in sequences:
+                sequences.append(ids)
+    return sequences
 
 # -----------------------------------------------------------------------------
 # synthetic GSM8K-format word problems

@@ -30,9 +30,9 @@ CHECK_EVERY = 16  # decode steps between host syncs (all rows stopped? compact t
 @dataclass
 class Rollout:
     tokens: torch.Tensor  # [B, N] generated ids, pad_id after each row's end
-    lengths: torch.Tensor  # [B] generated tokens per row, the stop token included
+    lengths: torch.Tensor  # [B] generated tokens per row, the stop sequence included
     logprobs: torch.Tensor  # [B, N] fp32 log_softmax(logits / T) at the chosen ids (T = 1 if greedy); 0 after the end
-    stopped: torch.Tensor  # [B] True: the row produced a stop id; False: cut at max_new_tokens
+    stopped: torch.Tensor  # [B] True: the row ended with a stop sequence; False: cut at max_new_tokens
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -119,9 +119,13 @@ class _Decoder:
                  first_slot):
         self.model, self.cache, self.key_mask, self.pos = model, cache, key_mask, positions
         self.tokens, self.logprobs = tokens, logprobs  # [B, max_new] outputs, indexed by self.rows
-        self.sampling, self.stop, self.pad_id, self.generator = sampling, stop, pad_id, generator
+        self.sampling, self.pad_id, self.generator = sampling, pad_id, generator
+        self.stop, self.stop_pad = stop, stop < 0  # [S, L] stop sequences, right-aligned; -1 pads shorter ones
         self.rows = torch.arange(len(positions), device=positions.device)
         self.last = torch.full_like(self.rows, pad_id)  # each row's latest token, fed at the next step
+        # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop must be all generated
+        self.recent = torch.full((len(self.rows), stop.shape[1]), -1, dtype=torch.long, device=positions.device)
+        self.ends = torch.zeros_like(self.rows)  # [B] by self.rows: the row's length once it has stopped, else 0
         self.done = torch.zeros_like(self.rows, dtype=torch.bool)
         self.n = torch.zeros((), dtype=torch.long, device=positions.device)  # tokens generated so far
         self.first_slot = first_slot  # cache slot of the first generated token: the padded prompt length
@@ -134,7 +138,11 @@ class _Decoder:
         column = (self.rows, self.n.expand_as(self.rows))
         self.tokens.index_put_(column, ids)
         self.logprobs.index_put_(column, logprobs)
-        self.done |= (ids[:, None] == self.stop).any(-1)
+        self.recent.copy_(torch.cat([self.recent[:, 1:], ids[:, None]], dim=1))
+        # a row ends when its newest ids equal some stop sequence in every column that sequence fills
+        ends_now = ((self.recent[:, None] == self.stop) | self.stop_pad).all(-1).any(-1) & ~self.done
+        self.ends.index_put_((self.rows,), torch.where(ends_now, self.n + 1, self.ends[self.rows]))
+        self.done |= ends_now
         self.last.copy_(ids)
         self.n += 1
 
@@ -147,8 +155,8 @@ class _Decoder:
 
     def compact(self):
         keep = (~self.done).nonzero()[:, 0]
-        self.rows, self.last, self.pos, self.done, self.key_mask = (
-            t[keep] for t in (self.rows, self.last, self.pos, self.done, self.key_mask))
+        self.rows, self.last, self.recent, self.pos, self.done, self.key_mask = (
+            t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.done, self.key_mask))
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
 
 
@@ -196,6 +204,26 @@ def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
         raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}); got ids from {low} to {high}")
 
 
+def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
+    """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence right-aligned to
+    end in the last column, -1 padding the shorter ones on the left; no stops at all gives [0, 1]."""
+    for sequence in stop_sequences:
+        if isinstance(sequence, (int, str)):
+            raise ValueError(f"stop_sequences is a list of token-id lists such as [[522, 9217, 29]]; got an element "
+                             f"{sequence!r}")
+    sequences = [[int(i)] for i in stop_ids] + [[int(i) for i in sequence] for sequence in stop_sequences]
+    for sequence in sequences:
+        if not sequence:
+            raise ValueError("a stop sequence is empty: each needs at least one token id")
+        if min(sequence) < 0 or max(sequence) >= vocab_size:
+            raise ValueError(f"stop sequence {sequence} has an id outside the model's vocabulary [0, {vocab_size})")
+    width = max(map(len, sequences), default=1)
+    table = torch.full((len(sequences), width), -1, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        table[row, width - len(sequence):] = torch.tensor(sequence)
+    return table
+
+
 def _check_memory(config, batch, max_len, dtype, device):
     if device.type != "cuda":
         return
@@ -207,14 +235,16 @@ def _check_memory(config, batch, max_len, dtype, device):
 
 
 @torch.inference_mode()
-def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), seed=None,
-             pad_id=0, cuda_graphs=True) -> Rollout:
+def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(),
+             seed=None, pad_id=0, cuda_graphs=True) -> Rollout:
     """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens sampled tokens.
 
-    A row ends at its first generated id in stop_ids (kept in its output; stop ids inside the prompt don't
-    count). temperature 0 is greedy; top_p / top_k truncate the sampling distribution (off-policy, see the
-    module docstring). Same seed, same device -> same output; seed None draws a fresh one. cuda_graphs=False
-    runs the plain eager loop on CUDA too (the CPU always does).
+    A row ends right after it generates the last id of a stop sequence (a list of ids, such as the tokens of
+    "</answer>"; each of stop_ids is a sequence of one), the sequence kept in its output. Only a sequence
+    generated whole counts: one lying wholly or partly in the prompt does not stop the row. temperature 0 is
+    greedy; top_p / top_k truncate the sampling distribution (off-policy, see the module docstring). Same seed,
+    same device -> same output; seed None draws a fresh one. cuda_graphs=False runs the plain eager loop on
+    CUDA too (the CPU always does).
     """
     _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
@@ -232,7 +262,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
                    cache=prefix_view(cache, prompt_len), return_hidden=True)
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(batch, max_new_tokens, device=device)
-    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
+    stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
     decoder = _Decoder(model, cache, key_mask, real.sum(-1), tokens, logprobs, (temperature, top_p, top_k), stop,
                        pad_id, generator, prompt_len)
     decoder.record(model.lm_head(hidden[:, -1]))
@@ -256,8 +286,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
         else:
             replay()
 
-    is_stop = (tokens[..., None] == stop).any(-1)
-    stopped = is_stop.any(-1)
-    lengths = torch.where(stopped, is_stop.int().argmax(-1) + 1, max_new_tokens)
+    stopped = decoder.ends > 0
+    lengths = torch.where(stopped, decoder.ends, max_new_tokens)
     n = int(lengths.max())
     return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped)

@@ -6,8 +6,9 @@ import shutil
 
 import pytest
 
-from data import (TEMPLATES, CharTokenizer, download_gsm8k, format_prompt, load_gsm8k, load_gsm8k_file, load_jsonl,
-                  load_tokenizer, response_prefix, stop_token_ids, synthetic_problems, write_jsonl)
+from data import (R1_ZERO_INSTRUCTION, TEMPLATES, CharTokenizer, download_gsm8k, encode_prompt, format_prompt,
+                  load_gsm8k, load_gsm8k_file, load_jsonl, load_tokenizer, response_prefix, stop_sequences,
+                  stop_token_ids, synthetic_problems, write_jsonl)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo (MIT, see its LICENSE_AND_SOURCE.txt)
@@ -90,10 +91,41 @@ def test_format_prompt_and_response_prefix():
     for name in TEMPLATES:
         assert response_prefix(name) == "<think>"
         assert format_prompt("q", name).endswith(response_prefix(name))
-    with pytest.raises(ValueError, match=r"'chat'.*'plain', 'r1_zero'"):
-        format_prompt(question, "chat")
-    with pytest.raises(ValueError, match="'chat'"):
-        response_prefix("chat")
+    with pytest.raises(ValueError, match=r"'chatml'.*'chat', 'plain', 'r1_zero'"):
+        format_prompt(question, "chatml")
+    with pytest.raises(ValueError, match="'chatml'"):
+        response_prefix("chatml")
+    with pytest.raises(ValueError, match="'chatml'"):
+        stop_sequences(CharTokenizer(), "chatml")
+
+
+def test_chat_template_puts_the_instruction_in_the_system_turn_and_opens_think(qwen_dir):
+    tok = load_tokenizer(qwen_dir)
+    question = "What is {x} + 1?"
+    text = format_prompt(question, "chat", tok)
+    assert text == (f"<|im_start|>system\n{R1_ZERO_INSTRUCTION}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+                    f"<|im_start|>assistant\n<think>")
+    ids = encode_prompt(tok, question, "chat")
+    assert tok.decode(ids) == text and ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 3  # markers, not text
+    assert response_prefix("chat") == "<think>" and text.endswith(response_prefix("chat"))
+    assert TEMPLATES["r1_zero"].startswith(R1_ZERO_INSTRUCTION)  # one instruction for both templates
+
+
+def test_encode_prompt_of_a_text_template_encodes_its_text(qwen_dir):
+    for tok in (CharTokenizer(), load_tokenizer(qwen_dir)):
+        for name in TEMPLATES:
+            assert encode_prompt(tok, "2+2?", name) == tok.encode(format_prompt("2+2?", name))
+
+
+def test_chat_template_without_one_is_a_clear_error(qwen_dir):
+    with pytest.raises(ValueError, match="'chat' applies the tokenizer's own chat template, and CharTokenizer has"):
+        encode_prompt(CharTokenizer(), "q", "chat")
+    with pytest.raises(ValueError, match="no tokenizer was given"):
+        format_prompt("q", "chat")
+    tok = load_tokenizer(qwen_dir)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match=r"has none: use one of the text templates \['plain', 'r1_zero'\]"):
+        encode_prompt(tok, "q", "chat")
 
 # -----------------------------------------------------------------------------
 # tokenizers
@@ -134,6 +166,27 @@ def test_qwen_tokenizer_stop_ids(qwen_dir):
     assert tok.pad_token_id is not None
     assert tok.decode(tok.encode(format_prompt("2+2?", "r1_zero"), add_special_tokens=False)) == \
         format_prompt("2+2?", "r1_zero")
+
+
+def test_char_stop_sequences_are_eos_and_the_nine_characters_of_answer_close():
+    tok = CharTokenizer()
+    assert stop_sequences(tok, "plain") == [[tok.eos_token_id], tok.encode("</answer>")]
+    assert len(tok.encode("</answer>")) == 9
+
+
+@pytest.mark.parametrize("template", ["r1_zero", "chat"])
+def test_qwen_stop_sequences_end_completions_right_after_answer_close(qwen_dir, template):
+    """Each completion, tokenized as the model would likely have written it, contains a stop sequence whose last
+    token is the first one that completes "</answer>" (the splits differ: "</" or " </", ">" or ">\n" or ">\n\n")."""
+    tok = load_tokenizer(qwen_dir)
+    sequences = stop_sequences(tok, template)
+    assert sequences[:2] == [[151643], [151645]]  # stop_token_ids, each alone
+    for completion in (" 2+2=4</think> <answer>4</answer>", " so 4</think>\n<answer> 4 </answer>\nUser: next",
+                       " 4</think> <answer>\n4\n</answer>\n\nUser:", " 4</think> <answer> 4 </answer>"):
+        ids = tok.encode(completion)
+        ends = [k for k in range(1, len(ids) + 1) if any(ids[:k][-len(s):] == s for s in sequences)]
+        assert ends, f"no stop sequence in {tok.convert_ids_to_tokens(ids)}"
+        assert "</answer>" in tok.decode(ids[:ends[0]]) and "</answer>" not in tok.decode(ids[:ends[0] - 1])
 
 
 def test_hf_tokenizer_without_pad_pads_with_eos(qwen_dir, tmp_path):

