@@ -138,11 +138,6 @@ def encode_prompt(tokenizer, question: str, template_name: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=template_name != CHAT)  # a chat text holds its own specials
 
 
-def encode_prompt(tokenizer, question: str, template_name: str) -> list[int]:
-    """The prompt's token ids for one question: what train.py and eval.py feed the sampler."""
-    return tokenizer.encode(format_prompt(question, template_name))
-
-
 def response_prefix(template_name: str) -> str:
     """The end of the prompt that the completion continues ("<think>"): the format reward judges prefix + completion."""
     _check_template(template_name)

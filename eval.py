@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from data import encode_prompt, load_gsm8k_file, load_tokenizer, response_prefix, stop_token_ids
+from data import encode_prompt, load_gsm8k_file, load_tokenizer, response_prefix, stop_sequences, stop_token_ids
 from model import ModelConfig, Transformer, resolve_device
 from rewards import extract_answer, score_completions
 from sample import generate
@@ -29,7 +29,7 @@ from sample import generate
 class Samples:
     """Completions of a batch of prompts, decoded and scored; row i answers prompts[i]."""
     completions: list[list[int]]  # generated token ids, stop token included
-    texts: list[str]  # decoded completions, without a final end-of-text token
+    texts: list[str]  # decoded completions, without a final end-of-text token (a final "</answer>" is kept)
     stopped: list[bool]  # False: cut at max_new_tokens
     rewards: list[float]  # weighted sum of the reward components
     components: dict[str, list[float]]  # each reward, unweighted; "correctness" and "format" always present
@@ -40,13 +40,14 @@ class Samples:
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: str,
                      max_new_tokens: int, temperature: float, seed: int, weights: dict[str, float],
                      top_p: float = 1.0, top_k: int = 0) -> Samples:
-    """Sample one completion per prompt, decode it and score it against its gold answer."""
-    stop, start = stop_token_ids(tokenizer), time.perf_counter()
+    """Sample one completion per prompt, ending at an end-of-text token or "</answer>", decode it and score it against
+    its gold answer."""
+    end_of_text, start = set(stop_token_ids(tokenizer)), time.perf_counter()
     rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                       stop_ids=stop, seed=seed, pad_id=tokenizer.pad_token_id)
+                       stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id)
     tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
     completions, sampled = [row[:n] for row, n in zip(tokens, lengths)], time.perf_counter()
-    texts = [tokenizer.decode(c[:-1] if c[-1] in stop else c) for c in completions]
+    texts = [tokenizer.decode(c[:-1] if c[-1] in end_of_text else c) for c in completions]  # "</answer>" is kept
     prefix = response_prefix(template)  # the prompt ends in "<think>": the format reward judges the whole response
     # accuracy and format are measured whatever the weights; a 0 weight keeps them out of the reward
     rewards, components = score_completions([prefix + t for t in texts], golds, [not s for s in stopped],
@@ -149,17 +150,19 @@ def model_from_checkpoint(state: dict) -> Transformer:
     return model
 
 
-def load_model(name: str, device, dtype, tokenizer_name: str = ""):
-    """(model, tokenizer, run config) from a train.py checkpoint (.pt) or a Hugging Face name/directory; the run
-    config is the checkpoint's TrainConfig as a dict ({} for Hugging Face models): it supplies eval defaults."""
+def load_model(name: str, device, dtype, tokenizer_name: str = "", gguf_file: str = ""):
+    """(model, tokenizer, run config) from a train.py checkpoint (.pt) or a Hugging Face name/directory (with
+    gguf_file: a GGUF file in it); the run config is the checkpoint's TrainConfig as a dict ({} for Hugging Face
+    models): it supplies eval defaults."""
     if name.endswith(".pt"):
         state = read_checkpoint(name)
         model, run_config = model_from_checkpoint(state), state["config"]
-        tokenizer_name = tokenizer_name or run_config["tokenizer"] or run_config["model"]
+        name, gguf_file, tokenizer_name = run_config["model"], run_config["gguf_file"], tokenizer_name or run_config["tokenizer"]
     else:
-        model, run_config = Transformer.from_pretrained(name, dtype=dtype), {}
-        tokenizer_name = tokenizer_name or name
-    return model.to(device=device, dtype=dtype), load_tokenizer(tokenizer_name), run_config
+        model, run_config = Transformer.from_pretrained(name, dtype=dtype, gguf_file=gguf_file or None), {}
+    # the model's own tokenizer unless one is named (a GGUF file carries its own)
+    tokenizer = load_tokenizer(tokenizer_name) if tokenizer_name else load_tokenizer(name, gguf_file=gguf_file or None)
+    return model.to(device=device, dtype=dtype), tokenizer, run_config
 
 
 def main(argv=None):
@@ -174,6 +177,7 @@ def main(argv=None):
     parser.add_argument("--max_new_tokens", type=int, default=0, help="default: the checkpoint's, or 512")
     parser.add_argument("--template", default="", help="prompt template (default: the checkpoint's, or r1_zero)")
     parser.add_argument("--tokenizer", default="", help="default: the checkpoint's, or the model's own")
+    parser.add_argument("--gguf_file", default="", help="a GGUF file inside --model (a dir or hub repo) to load")
     parser.add_argument("--limit", type=int, default=0, help="evaluate only the first L questions (0 = all)")
     parser.add_argument("--batch_size", type=int, default=64, help="completions per generate call")
     parser.add_argument("--seed", type=int, default=0)
@@ -193,7 +197,7 @@ def main(argv=None):
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     rows = load_gsm8k_file(args.data)[:args.limit or None]
     device, dtype = resolve_device(args.device)
-    model, tokenizer, run_config = load_model(args.model, device, dtype, args.tokenizer)
+    model, tokenizer, run_config = load_model(args.model, device, dtype, args.tokenizer, args.gguf_file)
     template = args.template or run_config.get("template", "r1_zero")
     max_new_tokens = args.max_new_tokens or run_config.get("max_new_tokens", 512)
     if args.model.endswith(".pt"):  # out/demo/ckpt.pt -> out/demo/ckpt_eval: beside the run it scores

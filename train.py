@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from data import encode_prompt, format_prompt, load_gsm8k, load_tokenizer, stop_token_ids, synthetic_problems, \
+from data import encode_prompt, load_gsm8k, load_tokenizer, response_prefix, stop_token_ids, synthetic_problems, \
     write_jsonl
 from eval import evaluate, model_from_checkpoint, read_checkpoint, sample_and_score
 from grpo import group_advantages, grpo_loss, zero_std_group_fraction
@@ -54,8 +54,9 @@ class TrainConfig:
     # model, tokenizer, prompt
     model: str = "Qwen/Qwen2.5-0.5B"  # Hugging Face name or local dir, or "scratch": a new model of shape model_args
     model_args: dict = field(default_factory=dict)  # ModelConfig fields for model="scratch" (vocab_size defaults to the tokenizer's)
+    gguf_file: str = ""  # a GGUF file inside `model` (a local dir or hub repo) to load the weights and tokenizer from
     tokenizer: str = ""  # "" = the model's own; "char" = data.CharTokenizer
-    template: str = "r1_zero"  # data.TEMPLATES; every template ends the prompt with "<think>"
+    template: str = "r1_zero"  # data.TEMPLATES, or "chat": the tokenizer's chat template; the prompt ends in "<think>"
     # data
     dataset: str = "gsm8k"  # "gsm8k": data_dir/{train_split,eval_split}.jsonl; "synthetic": data.synthetic_problems
     data_dir: str = "data/gsm8k"
@@ -169,7 +170,7 @@ def validate(cfg: TrainConfig):
     need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
          f"reward_weights must be finite numbers, got {cfg.reward_weights}")
     try:  # grpo.py and data.py own the allowed values: a dry run on a tiny batch checks them
-        format_prompt("", cfg.template)
+        response_prefix(cfg.template)  # checks the template's name
         resolve_device(cfg.device, cfg.dtype)
         group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
         grpo_loss(torch.zeros(1, 1), None, torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg.clip_eps,
@@ -364,7 +365,7 @@ def setup(cfg: TrainConfig) -> Run:
     # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     state = prepare_out_dir(cfg)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+    tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else load_tokenizer(cfg.model, gguf_file=cfg.gguf_file or None)
     problems, heldout = load_problems(cfg)
     prompts = [encode_prompt(tokenizer, p["question"], cfg.template) for p in problems]
     if state is not None:
@@ -373,7 +374,7 @@ def setup(cfg: TrainConfig) -> Run:
         torch.manual_seed(cfg.seed)
         policy = Transformer(ModelConfig(**{"vocab_size": len(tokenizer), **cfg.model_args}))
     else:
-        policy = Transformer.from_pretrained(cfg.model, dtype=torch.float32)
+        policy = Transformer.from_pretrained(cfg.model, dtype=torch.float32, gguf_file=cfg.gguf_file or None)
     if policy.config.vocab_size < len(tokenizer):
         raise ValueError(f"the model's vocab_size {policy.config.vocab_size} is smaller than the tokenizer's "
                          f"{len(tokenizer)} tokens")
