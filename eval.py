@@ -38,7 +38,7 @@ class Samples:
 
 
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: str,
-                     max_new_tokens: int, temperature: float, seed: int, weights: dict[str, float],
+                     max_new_tokens: int, temperature: float, seed: int | list[int], weights: dict[str, float],
                      top_p: float = 1.0, top_k: int = 0) -> Samples:
     """Sample one completion per prompt, ending at an end-of-text token or "</answer>", decode it and score it against
     its gold answer."""
@@ -99,9 +99,12 @@ def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: i
     for start in tqdm(range(0, len(order), per_batch), desc=desc, disable=not progress, leave=False,
                       dynamic_ncols=True):
         chunk = order[start:start + per_batch]
+        # sampled: a seed per (question, sample), so the result does not depend on batch_size; greedy needs none
+        seeds = [(seed * 1_000_003 + i * n + s) % 2 ** 31 for i in chunk for s in range(n)] if temperature > 0 \
+            else seed
         samples = sample_and_score(model, tokenizer, [prompts[i] for i in chunk for _ in range(n)],
                                    [rows[i]["gold"] for i in chunk for _ in range(n)], template, max_new_tokens,
-                                   temperature, seed + start, weights={}, top_p=top_p, top_k=top_k)
+                                   temperature, seeds, weights={}, top_p=top_p, top_k=top_k)
         prefix = response_prefix(template)
         for j, i in enumerate(chunk):
             records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"], "samples": [

@@ -57,17 +57,21 @@ def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
 
 def sample_next(logits, temperature, top_p, top_k, generator):
     """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before truncation).
+    generator: one torch.Generator, or a list of B (row b's noise from generator[b]: per-row seeds).
 
     temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T - log E) with
     E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in a CUDA graph.
     """
-    if logits.is_cuda and triton is not None and temperature > 0 and top_p == 1 and top_k == 0:
+    one_generator = isinstance(generator, torch.Generator)
+    if logits.is_cuda and triton is not None and temperature > 0 and top_p == 1 and top_k == 0 and one_generator:
         return _fused_gumbel_sample(logits, temperature, generator)
     logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
     if temperature == 0:
         ids = logprobs.argmax(-1)
     else:
-        scores = logprobs - torch.empty_like(logprobs).exponential_(generator=generator).log_()
+        noise = torch.empty_like(logprobs).exponential_(generator=generator) if one_generator else \
+            torch.stack([torch.empty_like(logprobs[0]).exponential_(generator=g) for g in generator])
+        scores = logprobs - noise.log_()
         keep = truncation_mask(logprobs, top_p, top_k)
         if keep is not None:
             scores.masked_fill_(~keep, float("-inf"))  # after the noise: no inf - inf even if E were 0
@@ -158,6 +162,8 @@ class _Decoder:
         self.rows, self.last, self.recent, self.pos, self.done, self.key_mask = (
             t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.done, self.key_mask))
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
+        if isinstance(self.generator, list):
+            self.generator = [self.generator[i] for i in keep.tolist()]
 
 
 def prefix_view(cache: KVCache, length: int) -> KVCache:
@@ -243,16 +249,22 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     "</answer>"; each of stop_ids is a sequence of one), the sequence kept in its output. Only a sequence
     generated whole counts: one lying wholly or partly in the prompt does not stop the row. temperature 0 is
     greedy; top_p / top_k truncate the sampling distribution (off-policy, see the module docstring). Same seed,
-    same device -> same output; seed None draws a fresh one. cuda_graphs=False runs the plain eager loop on
-    CUDA too (the CPU always does).
+    same device -> same output; seed None draws a fresh one. seed may also be a list, one per prompt: each row
+    then draws from its own generator, so its samples do not depend on the other rows of the batch (this runs the
+    eager loop). cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does).
     """
     _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
     batch, prompt_len = len(prompts), max(len(p) for p in prompts)
     max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8 keeps attention kernels aligned
     _check_memory(model.config, batch, max_len, dtype, device)
-    generator = torch.Generator(device)
-    generator.manual_seed(seed) if seed is not None else generator.seed()
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != batch:
+            raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one per prompt")
+        generator, cuda_graphs = [torch.Generator(device).manual_seed(s) for s in seed], False
+    else:
+        generator = torch.Generator(device)
+        generator.manual_seed(seed) if seed is not None else generator.seed()
 
     ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
     real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts], device=device)

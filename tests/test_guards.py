@@ -173,3 +173,21 @@ def test_eval_cli_rejects_bad_arguments(tmp_path, capsys):
         eval_cli.main(["--model", "x.pt", "--data", str(tmp_path / "missing.jsonl")])
     err = capsys.readouterr().err
     assert "missing.jsonl: no such file" in err and "data.py gsm8k" not in err
+
+
+def test_sampled_pass_at_k_does_not_depend_on_the_batch_size(tmp_path):
+    from data import CharTokenizer, synthetic_problems
+    from eval import evaluate
+    from model import ModelConfig, Transformer
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=len(CharTokenizer()), dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                    head_dim=16, ffn_dim=64, max_seq_len=160))
+    problems = synthetic_problems(6, seed=3, max_operand=9)
+
+    def completions(batch_size, seed):
+        path = tmp_path / f"{batch_size}_{seed}.jsonl"
+        evaluate(model, CharTokenizer(), problems, template="plain", n=4, temperature=1.0, ks=(1, 4),
+                 max_new_tokens=10, batch_size=batch_size, seed=seed, progress=False, out_path=str(path))
+        return path.read_text()
+    assert completions(4, seed=5) == completions(24, seed=5)  # each question's samples keep their seeds
+    assert completions(4, seed=5) != completions(4, seed=6)

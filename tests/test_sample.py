@@ -330,3 +330,15 @@ def test_cuda_graphs_equal_the_eager_loop_and_a_full_forward():
         expected = full_forward_logprobs(model.float().cpu(), prompts, completions, 1.0)
     for row, n in enumerate(greedy.lengths.tolist()):  # bf16 cache vs fp32 forward: equal up to rounding
         torch.testing.assert_close(greedy.logprobs[row, :n].cpu(), expected[row], atol=0.1, rtol=0)
+
+
+def test_per_row_seeds_make_each_row_independent_of_its_batch():
+    model = tiny_model()
+    seeds = [11, 12, 13, 14]
+    together = generate(model, PROMPTS, 12, temperature=1.0, seed=seeds)
+    for i, prompt in enumerate(PROMPTS):  # alone, or beside other rows, a row draws the same tokens
+        alone = generate(model, [prompt], 12, temperature=1.0, seed=[seeds[i]])
+        assert alone.tokens[0].tolist() == together.tokens[i, :alone.tokens.shape[1]].tolist()
+    assert together.tokens[0].tolist() != generate(model, PROMPTS, 12, temperature=1.0, seed=[99, 12, 13, 14]).tokens[0].tolist()
+    with pytest.raises(ValueError, match="one per prompt"):
+        generate(model, PROMPTS, 4, seed=[1, 2])
