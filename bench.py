@@ -16,6 +16,7 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
 """
 import argparse
 import json
+import math
 import resource
 import statistics
 import tempfile
@@ -23,7 +24,7 @@ import time
 
 import torch
 
-from model import ModelConfig, Transformer, resolve_device
+from model import Transformer, resolve_device
 from sample import generate
 from train import QuestionStream, Run, TrainConfig, grpo_step
 
@@ -148,52 +149,68 @@ def bench_step(ours, work: dict, device, dtype, beta: float) -> dict:
     timed_records = records[1:] or records  # step 1 warms up kernels and the allocator
     phases = ("time_step", "time_sample", "time_reward", "time_reference", "time_update")
     return {**{p: statistics.median(r[p] for r in timed_records) for p in phases},
-            "peak_memory_gib": peak_memory_gib(device), "steps_timed": len(timed_records)}
+            "peak_memory_gib": peak_memory_gib(device), "steps_timed": len(timed_records),
+            "response_length": statistics.fmean(r["response_length"] for r in records)}
 
 
-def bench_trl(shape: dict, work: dict, beta: float) -> dict | None:
-    """TRL's GRPOTrainer on the same shape and workload, or None when trl is not importable."""
+def bench_trl(shape: dict, work: dict, device, dtype, beta: float) -> dict | None:
+    """TRL's GRPOTrainer on the same shape and workload, or None when trl is not importable.
+
+    One TRL step is one train.grpo_step. steps_per_generation counts micro-batches and defaults to
+    gradient_accumulation_steps, num_iterations to 1: each optimizer step generates one batch of prompts x G
+    completions (generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps), scores it,
+    takes the reference log-probs (beta > 0) and accumulates the gradient of all its micro-batches; no old
+    log-probs, as our mu = 1. The Trainer calls on_step_begin before the first micro-batch (whose _prepare_inputs
+    generates) and on_step_end after optimizer.step(), so the timer brackets sample, reward, reference and update,
+    as time_step does. The reward function records each generation's size and completion lengths."""
     try:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
     except ImportError:
         return None
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, TrainerCallback
-    directory = tempfile.mkdtemp()
-    word_level = Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1, **{f"w{i}": i + 2 for i in range(200)}},
-                                            unk_token="<unk>"))
+    words = {"<unk>": 0, "<|endoftext|>": 1, **{f"w{i}": i + 2 for i in range(200)}}  # one token per word
+    word_level = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
     word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, eos_token="<|endoftext|>",
                                         pad_token="<|endoftext|>", unk_token="<unk>")
-    hf, _ = hf_twin(shape, "cpu", torch.bfloat16)
-    hf.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
     prompts = [" ".join(f"w{(i + j) % 200}" for j in range(work["step_prompt_len"])) for i in range(4096)]
-    times = []
+    times, generations, sync = [], [], torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
+            sync()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
+            sync()
             times.append(time.perf_counter() - self.start)
+
+    def reward(completions, completion_ids, **_):  # EOS is as rare for TRL's random model as for ours: 1 / vocab
+        generations.append([len(ids) for ids in completion_ids])
+        return [float(len(c) % 7) for c in completions]
+
     rows = work["prompts"] * work["group"]
-    args = GRPOConfig(output_dir=directory + "/out", per_device_train_batch_size=min(64, rows),
-                      gradient_accumulation_steps=max(1, rows // 64), num_generations=work["group"],
-                      max_completion_length=work["step_new"], beta=beta, bf16=torch.cuda.is_available(),
-                      max_steps=work["steps"], report_to=[], save_strategy="no", learning_rate=1e-6,
-                      temperature=1.0, logging_steps=1)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    trainer = GRPOTrainer(model=directory, reward_funcs=lambda completions, **_: [float(len(c) % 7) for c in completions],
-                          args=args, train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer,
-                          callbacks=[StepTimer()])
-    trainer.train()
-    return {"time_step": statistics.median(times[1:] or times), "peak_memory_gib": peak_memory_gib(
-        torch.device("cuda" if torch.cuda.is_available() else "cpu"))}
+    micro = math.gcd(rows, 64)  # the peer anchor's 64 completions per forward/backward, dividing the batch
+    with tempfile.TemporaryDirectory() as directory:
+        # TRL trains the weights in the checkpoint's dtype: bf16 on the GPU, as Qwen ships (ours keeps fp32 masters)
+        hf, _ = hf_twin(shape, "cpu", dtype)
+        hf.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        args = GRPOConfig(output_dir=directory + "/out", per_device_train_batch_size=micro,
+                          gradient_accumulation_steps=rows // micro, num_generations=work["group"],
+                          max_completion_length=work["step_new"], temperature=1.0, beta=beta, learning_rate=1e-6,
+                          max_steps=work["steps"], use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16,
+                          gradient_checkpointing=False, report_to=[], save_strategy="no", disable_tqdm=True)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        trainer = GRPOTrainer(model=directory, reward_funcs=reward, args=args, processing_class=tokenizer,
+                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[StepTimer()])
+        trainer.train()
+    return {"time_step": statistics.median(times[1:] or times), "peak_memory_gib": peak_memory_gib(device),
+            "completions_per_step": [len(g) for g in generations],
+            "response_length": statistics.fmean(n for g in generations for n in g)}
 
 
 def main(argv=None):
@@ -219,8 +236,9 @@ def main(argv=None):
     del hf
     if "step" not in skip:
         result["step"] = bench_step(ours, work, device, dtype, args.beta)
+    del ours  # TRL's peak memory must not count our weights
     if "trl" not in skip:
-        result["trl"] = bench_trl(shape, work, args.beta)
+        result["trl"] = bench_trl(shape, work, device, dtype, args.beta)
     print(report(result))
     if args.out:
         with open(args.out, "w") as f:
@@ -244,13 +262,17 @@ def report(result: dict) -> str:
         s, trl = result["step"], result.get("trl")
         lines += [f"\nGRPO step: {w['prompts']} prompts x G={w['group']} x {w['step_new']} new tokens, prompts of "
                   f"{w['step_prompt_len']}, beta {result['beta']}; median of {s['steps_timed']} steps after the first",
-                  "| | step s | sample | reward | ref/old log-probs | update | peak GiB |", "|---|---|---|---|---|---|---|",
+                  "| | step s | sample | reward | ref/old log-probs | update | peak GiB | new tokens/completion |",
+                  "|---|---|---|---|---|---|---|---|",
                   f"| train.grpo_step | {s['time_step']:.3f} | {s['time_sample']:.3f} | {s['time_reward']:.3f} | "
-                  f"{s['time_reference']:.3f} | {s['time_update']:.3f} | {s['peak_memory_gib']:.2f} |"]
+                  f"{s['time_reference']:.3f} | {s['time_update']:.3f} | {s['peak_memory_gib']:.2f} | "
+                  f"{s['response_length']:.1f} |"]
         if trl:
-            lines += [f"| TRL GRPOTrainer | {trl['time_step']:.3f} | | | | | {trl['peak_memory_gib']:.2f} |",
-                      f"ratios: TRL step time / ours {trl['time_step'] / s['time_step']:.2f}x, "
-                      f"TRL peak memory / ours {trl['peak_memory_gib'] / s['peak_memory_gib']:.2f}x"]
+            memory = (f"TRL peak memory / ours {trl['peak_memory_gib'] / s['peak_memory_gib']:.2f}x"
+                      if result["device"] != "cpu" else "peak memory on the CPU is the process's so far: no ratio")
+            lines += [f"| TRL GRPOTrainer | {trl['time_step']:.3f} | | | | | {trl['peak_memory_gib']:.2f} | "
+                      f"{trl['response_length']:.1f} |",
+                      f"ratios: TRL step time / ours {trl['time_step'] / s['time_step']:.2f}x, {memory}"]
         elif "trl" in result:
             lines.append("TRL: skipped, trl is not importable here (../shared/peer/README.md says how to carry it)")
     return "\n".join(lines)

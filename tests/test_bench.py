@@ -1,5 +1,8 @@
 """bench.py keeps working: its --tiny run measures every part of its own table on the CPU."""
+import pytest
+
 import bench
+from model import resolve_device
 
 
 def test_tiny_bench_fills_the_table():
@@ -10,6 +13,7 @@ def test_tiny_bench_fills_the_table():
     assert "bandwidth_fraction" not in sampler  # no bandwidth is known for a CPU: no made-up fraction
     parts = step["time_sample"] + step["time_reward"] + step["time_reference"] + step["time_update"]
     assert 0 < parts <= step["time_step"] and step["peak_memory_gib"] > 0
+    assert 0 < step["response_length"] <= bench.WORKLOADS["tiny"]["step_new"]
     text = bench.report(result)
     assert "| train.grpo_step |" in text and "| sample.generate |" in text
 
@@ -18,7 +22,7 @@ def test_missing_trl_is_reported_not_hidden():
     result = {"shape": "tiny", "dtype": "float32", "device": "cpu", "torch": "x", "beta": 0.04,
               "workload": bench.WORKLOADS["tiny"], "trl": None,
               "step": {"time_step": 1.0, "time_sample": 0.5, "time_reward": 0.1, "time_reference": 0.2,
-                       "time_update": 0.2, "peak_memory_gib": 1.0, "steps_timed": 2}}
+                       "time_update": 0.2, "peak_memory_gib": 1.0, "steps_timed": 2, "response_length": 16.0}}
     assert "TRL: skipped, trl is not importable" in bench.report(result)
 
 
@@ -30,3 +34,14 @@ def test_bandwidth_bound_counts_weights_and_the_growing_cache():
     # 3 new tokens: 2 decode steps after the prefill, reading the cache of 10 + 1 and 10 + 2 tokens for 4 rows
     expected = (2 * weights + 4 * (11 + 12) * kv_per_token) / 1e9
     assert bench.bandwidth_bound_seconds(model, 4, 10, 3, 1e9) == expected
+
+
+@pytest.mark.parametrize("rows", [dict(), dict(prompts=8, group=16)], ids=["tiny", "two-micro-batches"])
+def test_trl_step_generates_the_same_batch_once(rows):
+    """One TRL step consumes prompts x G fresh completions, as one grpo_step, also when it accumulates micro-batches
+    (128 rows: 2 x 64, the full workload's way)."""
+    pytest.importorskip("trl", reason="trl is optional (pip install trl datasets): TRL's side of bench.py")
+    work = {**bench.WORKLOADS["tiny"], **rows}
+    trl = bench.bench_trl(bench.SHAPES["tiny"], work, *resolve_device("cpu"), beta=0.04)
+    assert trl["completions_per_step"] == [work["prompts"] * work["group"]] * work["steps"]
+    assert 0 < trl["response_length"] <= work["step_new"] and trl["time_step"] > 0 and trl["peak_memory_gib"] > 0
