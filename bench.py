@@ -58,6 +58,9 @@ class IdTokenizer:
     def decode(self, ids):
         return " ".join(map(str, ids))
 
+    def encode(self, text, add_special_tokens=False):
+        return [self.vocab_size - 2]  # any text (train's "</answer>" stop) is one id, met as rarely as the eos
+
 
 def hf_twin(shape: dict, device, dtype):
     """A random transformers Qwen2ForCausalLM of `shape` and our Transformer holding the same weights."""
@@ -118,6 +121,11 @@ def bench_sampler(hf, ours, work: dict, device, bandwidth) -> dict:
     return result
 
 
+def micro_batch(work: dict) -> int:
+    """Completions per forward/backward, the same for both sides: the peer anchor's 64, dividing the batch."""
+    return math.gcd(work["prompts"] * work["group"], 64)
+
+
 def bench_step(ours, work: dict, device, dtype, beta: float) -> dict:
     """train.grpo_step on `ours` (copied to fp32 master weights, as train.py keeps them), median over steps 2..."""
     tokenizer = IdTokenizer(ours.config.vocab_size)
@@ -125,7 +133,7 @@ def bench_step(ours, work: dict, device, dtype, beta: float) -> dict:
     prompts = torch.randint(1, tokenizer.eos_token_id, (work["prompts"], work["step_prompt_len"]),
                             generator=generator).tolist()
     cfg = TrainConfig(model="bench", template="plain", group_size=work["group"], prompts_per_step=work["prompts"],
-                      max_new_tokens=work["step_new"], beta=beta, micro_batch_size=16, lr=1e-6, warmup_steps=1,
+                      max_new_tokens=work["step_new"], beta=beta, micro_batch_size=micro_batch(work), lr=1e-6, warmup_steps=1,
                       device=device.type, dtype=str(dtype).removeprefix("torch."))
     policy = Transformer(ours.config).to(device)
     policy.load_state_dict(ours.state_dict())
@@ -192,7 +200,7 @@ def bench_trl(shape: dict, work: dict, device, dtype, beta: float) -> dict | Non
         return [float(len(c) % 7) for c in completions]
 
     rows = work["prompts"] * work["group"]
-    micro = math.gcd(rows, 64)  # the peer anchor's 64 completions per forward/backward, dividing the batch
+    micro = micro_batch(work)
     with tempfile.TemporaryDirectory() as directory:
         # TRL trains the weights in the checkpoint's dtype: bf16 on the GPU, as Qwen ships (ours keeps fp32 masters)
         hf, _ = hf_twin(shape, "cpu", dtype)
