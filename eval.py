@@ -147,8 +147,10 @@ def read_checkpoint(path: str, device="cpu") -> dict:
 
 
 def model_from_checkpoint(state: dict) -> Transformer:
-    """The fp32 model saved in a train.py checkpoint dict."""
-    model = Transformer(ModelConfig(**state["model_config"]))
+    """The fp32 model saved in a train.py checkpoint dict, with its LoRA adapters if the run had them."""
+    model, run = Transformer(ModelConfig(**state["model_config"])), state["config"]
+    if run.get("lora_rank", 0) > 0:
+        model.add_lora(run["lora_rank"], run["lora_alpha"], run["lora_dropout"], tuple(run["lora_targets"]))
     model.load_state_dict(state["model"])
     return model
 

@@ -43,7 +43,7 @@ from data import encode_prompt, load_gsm8k, load_tokenizer, response_prefix, sto
 from eval import evaluate, model_from_checkpoint, read_checkpoint, sample_and_score
 from grpo import group_advantages, grpo_loss, zero_std_group_fraction
 from logprobs import add_logprobs, completion_logprobs, make_micro_batches
-from model import ModelConfig, Transformer, resolve_device
+from model import LORA_TARGETS, ModelConfig, Transformer, resolve_device
 from rewards import REWARD_FUNCTIONS
 from sample import check_context
 from sft import optimizer_step, sft_text, warm_start, warmup_lr
@@ -80,6 +80,11 @@ class TrainConfig:
     clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher
     mu: int = 1  # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
     ref_reset_every: int = 0  # iterative GRPO: copy the policy into the reference every N steps (0 = never)
+    # LoRA (model.py): only low-rank adapters train; the reference is the same network with its adapters off
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0
+    lora_targets: tuple = ("q_proj", "k_proj", "v_proj", "o_proj")  # any of model.LORA_TARGETS
     # optimization
     max_steps: int = 200
     lr: float = 1e-6
@@ -119,7 +124,7 @@ class TrainConfig:
 RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
              "logprob_chunk", "grad_checkpointing", "device", "dtype", "resume", "overwrite")
 RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
-             "sft.pt", "curves.png")
+             "sft.pt", "curves.png", "hf")
 
 # -----------------------------------------------------------------------------
 # config: a plain-Python file (nanoGPT style), then --key=value overrides; every value checked when it loads
@@ -159,6 +164,13 @@ def validate(cfg: TrainConfig):
     need(cfg.model != "scratch" or cfg.tokenizer != "", "model='scratch' needs a tokenizer, e.g. tokenizer='char'")
     need(not cfg.model_args or cfg.model == "scratch", "model_args only apply to model='scratch'")
     need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
+    need(cfg.lora_rank >= 0, f"lora_rank must be >= 0 (0 = no LoRA), got {cfg.lora_rank}")
+    need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0, "ref_reset_every with LoRA is not supported: the reference "
+                                                         "is the base model with the adapters off")
+    need(cfg.lora_rank == 0 or (set(cfg.lora_targets) <= set(LORA_TARGETS) and cfg.lora_targets),
+         f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {cfg.lora_targets}")
+    need(cfg.lora_alpha > 0 and 0 <= cfg.lora_dropout < 1, f"need lora_alpha > 0 and 0 <= lora_dropout < 1, got "
+                                                           f"{cfg.lora_alpha} and {cfg.lora_dropout}")
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     need(set(cfg.model_args) <= known, f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
                                        f"ModelConfig has {sorted(known)}")
@@ -271,7 +283,7 @@ class Run:
     """What a training run holds between steps; checkpoint() saves it and setup() rebuilds it."""
     policy: Transformer  # fp32 master weights, trained
     sampler: Transformer  # generates rollouts: the policy itself, or its bf16 copy on CUDA
-    reference: Transformer | None  # frozen KL anchor (beta > 0)
+    reference: Transformer | None  # frozen KL anchor (beta > 0 without LoRA)
     optimizer: torch.optim.Optimizer
     stream: QuestionStream
     tokenizer: typing.Any
@@ -293,8 +305,9 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     picked = run.stream.next(cfg.prompts_per_step)
     prompts = [run.prompts[i] for i in picked for _ in range(G)]
     golds = [run.problems[i]["gold"] for i in picked for _ in range(G)]
-    samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, cfg.template, cfg.max_new_tokens,
-                               cfg.temperature, step_seed(cfg.seed, step), cfg.reward_weights)
+    with run.sampler.lora_merged():
+        samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, cfg.template, cfg.max_new_tokens,
+                                   cfg.temperature, step_seed(cfg.seed, step), cfg.reward_weights)
     t1 = time.perf_counter()
     # 2. normalise the rewards within each group
     rewards = torch.tensor(samples.rewards)
@@ -302,8 +315,10 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     # 3. the log-probs the loss compares with: the reference's (KL) and, for mu > 1, the sampling policy's (ratio)
     batches = make_micro_batches(prompts, samples.completions, advantages, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device)
-    if run.reference is not None:
-        add_logprobs(run.reference, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk, run.autocast)
+    if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy itself with its adapters off
+        with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
+            add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk,
+                         run.autocast)
     if cfg.mu > 1:
         add_logprobs(run.policy, batches, "old_logp", cfg.temperature, cfg.logprob_chunk, run.autocast)
     if device.type == "cuda":
@@ -392,8 +407,10 @@ def setup(cfg: TrainConfig) -> Run:
                    targets, cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip,
                    cfg.micro_batch_size, tokenizer.pad_token_id, device, autocast, cfg.logprob_chunk, cfg.seed,
                    os.path.join(cfg.out_dir, "sft_log.jsonl"))
+    if state is None and cfg.lora_rank > 0:  # after the warm start: SFT trains every weight
+        policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
     run = Run(policy=policy, sampler=policy if dtype == torch.float32 else frozen_copy(policy, dtype),
-              reference=frozen_copy(policy, dtype) if cfg.beta > 0 else None,
+              reference=frozen_copy(policy, dtype) if cfg.beta > 0 and cfg.lora_rank == 0 else None,
               optimizer=policy.configure_optimizer(cfg.lr, cfg.weight_decay, cfg.adam_betas),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer, problems=problems, prompts=prompts,
               heldout=heldout, autocast=autocast)
@@ -422,7 +439,9 @@ def prepare_out_dir(cfg: TrainConfig) -> dict | None:
                                   "delete it and start again, or choose another --out_dir")
         for path in [os.path.join(cfg.out_dir, name) for name in RUN_FILES] + \
                 glob.glob(os.path.join(cfg.out_dir, "eval_*.jsonl")):
-            if os.path.exists(path):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
                 os.remove(path)
         return None
     state = read_checkpoint(ckpt_path)
@@ -481,9 +500,10 @@ def save_checkpoint(run: Run, cfg: TrainConfig, path: str, full: bool = True):
 
 
 def held_out_eval(run: Run, cfg: TrainConfig) -> float:
-    result = evaluate(run.sampler, run.tokenizer, run.heldout, template=cfg.template, max_new_tokens=cfg.max_new_tokens,
-                      batch_size=cfg.eval_batch_size, out_path=os.path.join(cfg.out_dir, f"eval_{run.step:05d}.jsonl"),
-                      desc=f"eval@{run.step}")
+    with run.sampler.lora_merged():
+        result = evaluate(run.sampler, run.tokenizer, run.heldout, template=cfg.template,
+                          max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                          out_path=os.path.join(cfg.out_dir, f"eval_{run.step:05d}.jsonl"), desc=f"eval@{run.step}")
     with open(os.path.join(cfg.out_dir, "eval.jsonl"), "a") as f:
         f.write(json.dumps({"step": run.step, **result}) + "\n")
     tqdm.write(f"step {run.step}: held-out pass@1 {result['pass@1']:.3f} ± {result['pass@1_stderr']:.3f} "
@@ -553,6 +573,8 @@ def train(cfg: TrainConfig) -> dict:
                 break
     bar.close()
     summary["step"] = run.step
+    if run.step == cfg.max_steps:  # the trained policy for vLLM, lm-eval-harness, the hub (LoRA folded in)
+        run.policy.save_pretrained(os.path.join(cfg.out_dir, "hf"), run.tokenizer)
     drawn = any(os.path.getsize(os.path.join(cfg.out_dir, name)) for name in ("log.jsonl", "eval.jsonl")
                 if os.path.isfile(os.path.join(cfg.out_dir, name)))
     if drawn and importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus

@@ -191,3 +191,38 @@ def test_sampled_pass_at_k_does_not_depend_on_the_batch_size(tmp_path):
         return path.read_text()
     assert completions(4, seed=5) == completions(24, seed=5)  # each question's samples keep their seeds
     assert completions(4, seed=5) != completions(4, seed=6)
+
+
+def test_lora_run_trains_only_adapters_resumes_exactly_and_exports(tmp_path, monkeypatch):
+    from model import Transformer
+    real = train.sample_and_score
+
+    def parity_reward(*args, **kwargs):  # a random model earns no real reward: give the groups a signal to learn
+        samples = real(*args, **kwargs)
+        samples.rewards = [float(c[0] % 2) for c in samples.completions]
+        return samples
+    monkeypatch.setattr(train, "sample_and_score", parity_reward)
+    lora = dict(lora_rank=4, lora_targets=("q_proj", "v_proj", "gate_proj"), beta=0.1, lr=1e-2)
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train.train(tiny(straight, max_steps=3, **lora))
+    train.train(tiny(split, max_steps=2, **lora))
+    train.train(tiny(split, max_steps=3, resume=True, **lora))
+    ends = [torch.load(d / "ckpt.pt", weights_only=True) for d in (straight, split)]
+    assert ends[0]["model"].keys() == ends[1]["model"].keys()
+    for name, tensor in ends[0]["model"].items():
+        assert torch.equal(tensor, ends[1]["model"][name]), name
+    assert ends[0]["reference"] is None  # no second copy: the reference is the policy with its adapters off
+    adapters = [n for n in ends[0]["model"] if "lora_" in n]
+    assert len(adapters) == 2 * 3 and {k for s in ends[0]["optimizer"]["state"].values() for k in s}
+    assert len(ends[0]["optimizer"]["state"]) == len(adapters)  # AdamW holds state for the adapters only
+    with open(straight / "log.jsonl") as f:
+        assert json.loads(f.readlines()[-1])["kl"] > 0  # the adapters moved the policy away from the base
+
+    exported = Transformer.from_pretrained(str(straight / "hf"))
+    from eval import read_checkpoint, model_from_checkpoint
+    policy = model_from_checkpoint(read_checkpoint(str(straight / "ckpt.pt")))
+    ids = torch.randint(3, 90, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(exported(ids), policy(ids), atol=1e-5)
+        with policy.adapters_disabled():
+            assert not torch.allclose(exported(ids), policy(ids), atol=1e-5)

@@ -5,9 +5,11 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from model import KVCache, ModelConfig, Transformer
+from data import CharTokenizer
+from model import LORA_TARGETS, KVCache, ModelConfig, Transformer
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)
@@ -146,6 +148,59 @@ def test_bf16_keeps_rope_frequencies_in_fp32():
     ours = Transformer(ModelConfig(vocab_size=97, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
                                    ffn_dim=112, max_seq_len=128)).to(torch.bfloat16)
     assert ours.embed.weight.dtype == torch.bfloat16 and ours.inv_freq.dtype == torch.float32
+
+
+def train_a_little(model, steps=3):
+    """A few AdamW steps of next-token loss, so that the weights are no longer the ones loaded."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids, _ = ragged_batch()
+    for _ in range(steps):
+        F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind,tied,lora", [("qwen2", True, False), ("llama", False, False),
+                                            ("qwen2", False, True), ("llama", True, True)])
+def test_save_pretrained_round_trips_through_transformers_after_training(kind, tied, lora, tmp_path):
+    hf = tiny_hf(kind, tied)
+    ids, mask = ragged_batch()
+    real = mask.bool()
+    loaded = hf_logits(hf, ids, mask)[real]
+    ours = Transformer.from_hf_model(hf)  # shares hf's tensors: training ours trains hf too
+    if lora:
+        ours.add_lora(rank=4, alpha=8, targets=LORA_TARGETS)
+    train_a_little(ours)
+    with torch.no_grad():
+        expected = ours(ids, attention_mask=mask)
+    assert not torch.allclose(expected[real], loaded, atol=1e-2)  # training moved the weights
+    ours.save_pretrained(str(tmp_path))
+    exported, info = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, output_loading_info=True)
+    assert type(exported) is type(hf) and exported.config.tie_word_embeddings == tied
+    assert not any(info.values()), info  # no missing, unexpected or mismatched weights
+    torch.testing.assert_close(hf_logits(exported.eval(), ids, mask)[real], expected[real], atol=1e-4, rtol=0)
+    reloaded = Transformer.from_pretrained(str(tmp_path)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids, attention_mask=mask), expected)
+
+
+def test_save_pretrained_writes_a_hugging_face_tokenizer_and_skips_the_char_one(tmp_path):
+    from transformers import AutoTokenizer
+    from test_train import QWEN_TOKENIZER
+    tokenizer = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
+    ours = Transformer(ModelConfig(vocab_size=len(tokenizer), dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                   head_dim=16, ffn_dim=64, max_seq_len=64))
+    ours.save_pretrained(str(tmp_path / "qwen"), tokenizer=tokenizer)
+    saved = AutoTokenizer.from_pretrained(tmp_path / "qwen")
+    assert saved.encode("12 + 30 = 42") == tokenizer.encode("12 + 30 = 42")
+    with open(tmp_path / "qwen" / "config.json") as f:
+        assert json.load(f)["eos_token_id"] == tokenizer.eos_token_id
+    char = CharTokenizer()
+    ours.save_pretrained(str(tmp_path / "char"), tokenizer=char)
+    assert sorted(os.listdir(tmp_path / "char")) == ["config.json", "model.safetensors"]
+    config = AutoModelForCausalLM.from_pretrained(tmp_path / "char").config
+    assert (config.eos_token_id, config.pad_token_id) == (char.eos_token_id, char.pad_token_id)
 
 
 def smollm2_gguf():
