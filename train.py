@@ -280,7 +280,7 @@ class QuestionStream:
 
 @dataclass
 class Run:
-    """What a training run holds between steps; checkpoint() saves it and setup() rebuilds it."""
+    """What a training run holds between steps; save_checkpoint() saves it and setup() rebuilds it."""
     policy: Transformer  # fp32 master weights, trained
     sampler: Transformer  # generates rollouts: the policy itself, or its bf16 copy on CUDA
     reference: Transformer | None  # frozen KL anchor (beta > 0 without LoRA)
@@ -402,7 +402,7 @@ def setup(cfg: TrainConfig) -> Run:
 
     if state is None and cfg.sft_steps > 0:  # the warm start: worked solutions, its own optimizer
         stop = stop_token_ids(tokenizer)[0]
-        targets = [tokenizer.encode(sft_text(p)) + [stop] for p in problems]
+        targets = [tokenizer.encode(sft_text(p), add_special_tokens=False) + [stop] for p in problems]  # no BOS mid-row
         warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas), prompts,
                    targets, cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip,
                    cfg.micro_batch_size, tokenizer.pad_token_id, device, autocast, cfg.logprob_chunk, cfg.seed,
