@@ -193,15 +193,20 @@ def test_sampled_pass_at_k_does_not_depend_on_the_batch_size(tmp_path):
     assert completions(4, seed=5) != completions(4, seed=6)
 
 
-def test_lora_run_trains_only_adapters_resumes_exactly_and_exports(tmp_path, monkeypatch):
-    from model import Transformer
+def reward_first_token_parity(monkeypatch):
+    """A random model earns no real reward, so no gradient: give the groups a signal (first token id even)."""
     real = train.sample_and_score
 
-    def parity_reward(*args, **kwargs):  # a random model earns no real reward: give the groups a signal to learn
+    def parity_reward(*args, **kwargs):
         samples = real(*args, **kwargs)
         samples.rewards = [float(c[0] % 2) for c in samples.completions]
         return samples
     monkeypatch.setattr(train, "sample_and_score", parity_reward)
+
+
+def test_lora_run_trains_only_adapters_resumes_exactly_and_exports(tmp_path, monkeypatch):
+    from model import Transformer
+    reward_first_token_parity(monkeypatch)
     lora = dict(lora_rank=4, lora_targets=("q_proj", "v_proj", "gate_proj"), beta=0.1, lr=1e-2)
     straight, split = tmp_path / "straight", tmp_path / "split"
     train.train(tiny(straight, max_steps=3, **lora))

@@ -1,4 +1,5 @@
 import importlib.util
+import math
 import json
 import os
 
@@ -221,3 +222,19 @@ def test_eval_cli_rescores_a_checkpoint_to_the_logged_pass_at_1(tiny_qwen, gsm8k
     assert summary["response_length"] == logged["response_length"]  # same prompts, template and max_new_tokens
     with open(os.path.join(out, "ckpt_eval", "completions.jsonl")) as f:
         assert len(f.readlines()) == 2
+
+
+def test_grpo_step_called_directly_updates_the_policy_and_reports_whole_batch_means(tmp_path, monkeypatch):
+    from test_guards import reward_first_token_parity, tiny
+    reward_first_token_parity(monkeypatch)
+    cfg = tiny(tmp_path, group_size=4, prompts_per_step=3, beta=0.1)
+    run = train.setup(cfg)
+    before = {k: v.clone() for k, v in run.policy.state_dict().items()}
+    record, shown = train.grpo_step(run, cfg, step=1)
+    assert any(not torch.equal(before[k], v) for k, v in run.policy.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in run.reference.state_dict().items())  # the reference stays put
+    assert run.stream.cursor == 3 and len(shown) == 2 and shown[0]["gold"] == run.problems[run.stream.order[0]]["gold"]
+    assert record["step"] == 1 and record["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference when sampled
+    assert record["ratio_mean"] == pytest.approx(1.0) and record["clip_frac_low"] == 0.0  # mu=1: on-policy
+    assert 0 < record["entropy"] < math.log(len(run.tokenizer)) and record["grad_norm"] > 0
+    assert 1 <= record["response_length"] <= cfg.max_new_tokens and record["lr"] == cfg.lr  # warmup_steps=1
