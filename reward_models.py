@@ -114,7 +114,7 @@ class RewardModel:
         self.column, self.device, self.batch_size = labels[label] if label else 0, device, batch_size
 
     def _encode(self, questions, completions):
-        if getattr(self.tokenizer, "chat_template", None):
+        if self.tokenizer.chat_template:
             texts = [self.tokenizer.apply_chat_template([{"role": "user", "content": q},
                                                          {"role": "assistant", "content": c}], tokenize=False)
                      for q, c in zip(questions, completions)]
@@ -152,11 +152,11 @@ class Judge:
         self.rubric, self.max_new_tokens, self.batch_size = rubric, max_new_tokens, batch_size
 
     def prompt(self, question: str, completion: str) -> list[int]:
-        text = self.rubric.format(question=question, completion=completion)
-        if getattr(self.tokenizer, "chat_template", None):
+        text, chat = self.rubric.format(question=question, completion=completion), self.tokenizer.chat_template
+        if chat:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                       add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=not chat)  # a chat text holds its own special tokens
 
     def verdicts(self, completions: list[str], questions: list[str]) -> list[str]:
         """The judge's greedy replies, without their stop token."""
@@ -170,6 +170,5 @@ class Judge:
                         zip(rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist())]
         return replies
 
-    @torch.no_grad()
     def __call__(self, completions: list[str], golds: list[str], questions: list[str]) -> list[float]:
         return [parse_verdict(verdict) for verdict in self.verdicts(completions, questions)]

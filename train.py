@@ -9,8 +9,8 @@ rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device.
     python train.py configs/demo.py --overwrite       # start again in an out_dir that already holds a run
 
 One step (grpo_step): draw prompts_per_step questions; sample group_size completions of each; score them with the
-rule-based rewards; normalise the rewards within each group into advantages; take mu optimizer steps on the
-clipped-ratio objective, with a k3 KL penalty toward a frozen reference model when beta > 0.
+rewards reward_weights names; normalise the rewards within each group into advantages (per token with process
+supervision: the arithmetic steps' rewards); take mu optimizer steps on the clipped-ratio objective, with a k3 KL penalty toward a frozen reference model when beta > 0.
 """
 import ast
 import contextlib
@@ -328,8 +328,9 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     # 3. the log-probs the loss compares with: the reference's (KL) and, for mu > 1, the sampling policy's (ratio)
     batches = make_micro_batches(prompts, samples.completions, advantages, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device)
-    for batch in batches if advantages.dim() == 2 else ():  # per token: the micro-batch's own N completion columns
-        batch.advantages = batch.advantages[:, :batch.mask.shape[1]]
+    if advantages.dim() == 2:  # per token: each micro-batch keeps its own N completion columns
+        for batch in batches:
+            batch.advantages = batch.advantages[:, :batch.mask.shape[1]]
     if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy itself with its adapters off
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk,
