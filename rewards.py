@@ -12,6 +12,7 @@ character by character in Python.
 import bisect
 import math
 import numbers
+import operator
 from fractions import Fraction
 from types import MappingProxyType
 
@@ -483,7 +484,7 @@ def _reward_values(name, function, completions, golds, truncated, questions):
                 raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} on completion "
                                    f"{_shown(completion)}") from error
     for value, completion in zip(values, completions):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise RuntimeError(f"reward {name!r} returned {value!r} for completion {_shown(completion)}: a reward "
                                "must be a finite number")
     return [float(value) for value in values]
@@ -498,6 +499,7 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
     of loaded rewards (reward_models.load_rewards) of either form:
       per completion  function(completion, gold) -> float
       batched         function(completions, golds, questions) -> N floats, marked by an attribute batched = True
+    Only the rules read truncated; the other rewards see the text alone.
     A reward that raises, returns a value that is not a finite number (NaN, inf, None, a string) or the wrong number
     of values stops here with a RuntimeError naming the reward and the completion.
     Returns (totals: list of N floats, components: {name: list of N unweighted rewards}).
@@ -523,6 +525,8 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
 # process supervision: every arithmetic claim is a step, checked exactly
 
 CLAIM_OPERATORS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "x": "*", "\u00d7": "*", "/": "/", "\u00f7": "/"}
+ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+MAX_CLAIM_TOKENS = 99  # numbers, operators and brackets in one side of a claim: "1 + 2 + ... + 50" still reads
 DIGITS = frozenset("0123456789")  # not str.isdigit: that also takes "²" and other scripts' digits
 
 
@@ -536,12 +540,11 @@ def _claim_tokens(text, start, end):
             i += 1
             continue
         signed = char in "+-\u2212" and text[i + 1:i + 2] in DIGITS and not (tokens and tokens[-1][0] in ("num", ")"))
-        if char in DIGITS or signed or (char == "." and text[i + 1:i + 2] in DIGITS):  # a number (".5" too), not
-            # its trailing ",." (sentence punctuation)
+        if char in DIGITS or signed or (char == "." and text[i + 1:i + 2] in DIGITS):  # a number, ".5" too
             digits_end = i + 1
             while digits_end < end and (text[digits_end] in DIGITS or text[digits_end] in ",."):
                 digits_end += 1
-            number = text[i + signed:digits_end].rstrip(",.")
+            number = text[i + signed:digits_end].rstrip(",.")  # a trailing "," or "." is punctuation
             value = _leading_number(number)[0]
             i += signed + len(number)
             negative = char in "-\u2212"
@@ -556,10 +559,10 @@ def _claim_tokens(text, start, end):
     return tokens
 
 
-def _apply(left, operator, right):
-    if left is None or right is None or (operator == "/" and right == 0):
+def _apply(left, symbol, right):
+    if left is None or right is None or (symbol == "/" and right == 0):
         return None  # a division by zero makes the whole expression's value unknown
-    return {"+": left + right, "-": left - right, "*": left * right}[operator] if operator != "/" else left / right
+    return ARITHMETIC[symbol](left, right)
 
 
 def _expression(tokens, at, level=0):
@@ -583,20 +586,21 @@ def _expression(tokens, at, level=0):
 
 def _left_side(tokens):
     """(value, has an operator) of the longest expression that ends the tokens, or None. It must not follow an
-    operator: the expression would go on into something unreadable ("a*2 = 10"), so its value is unknown."""
-    run = tokens[max((i + 1 for i, token in enumerate(tokens) if token[0] == "other"), default=0):]
-    for start in range(len(run)):
-        parsed = _expression(run, start)
-        if parsed and parsed[1] == len(run) and not (start and run[start - 1][0] == "op"):
-            return parsed[0], any(token[0] == "op" for token in run[start:])
+    operator: it would go on into something unreadable ("a*2 = 10"), so its value is unknown; nor be longer than
+    MAX_CLAIM_TOKENS, which bounds the work (and the brackets' recursion)."""
+    after_other = max((i + 1 for i, token in enumerate(tokens) if token[0] == "other"), default=0)
+    for start in range(max(after_other, len(tokens) - MAX_CLAIM_TOKENS), len(tokens)):
+        parsed = _expression(tokens, start)
+        if parsed and parsed[1] == len(tokens) and not (start and tokens[start - 1][0] == "op"):
+            return parsed[0], any(token[0] == "op" for token in tokens[start:])
     return None
 
 
 def _right_side(tokens):
     """(value, has an operator, end offset) of the longest expression that starts the tokens, or None; it must not
-    be followed by an operator (it would go on into something unreadable: "7 + apples")."""
-    parsed = _expression(tokens, 0)
-    if parsed is None or (parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op"):
+    be followed by an operator ("7 + apples"), nor be longer than MAX_CLAIM_TOKENS."""
+    parsed = _expression(tokens[:MAX_CLAIM_TOKENS + 1], 0)
+    if parsed is None or (parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op") or parsed[1] > MAX_CLAIM_TOKENS:
         return None
     return parsed[0], any(token[0] == "op" for token in tokens[:parsed[1]]), tokens[parsed[1] - 1][2]
 
@@ -611,20 +615,23 @@ def arithmetic_claims(text: str) -> list[tuple[int, bool]]:
     brackets; "/" divides, so a fraction is its own value. Left of "=" the claim reads the longest expression ending
     there, right of it the longest one starting there, so words around it do not count ("Tom has 3+4=7 apples"), and
     a chain "3+4=7+1=8" is two claims, 3+4 = 7+1 (wrong) and 7+1 = 8 (right): "=" means equal. Not claims: no
-    operator on either side ("x = 5", "7 = 7"), a side that is not an expression ("2x + 3 = 7", "a <= 5"), or one
-    cut at an operator ("a*2 = 10", "3+4 = 7 + apples"). A division by zero makes a claim wrong.
+    operator on either side ("x = 5", "7 = 7"), a side that is not an expression ("2x + 3 = 7", "a <= 5"), one cut
+    at an operator ("a*2 = 10", "3+4 = 7 + apples") or longer than MAX_CLAIM_TOKENS. A division by zero makes a claim
+    wrong. Time is linear in the text.
     """
-    claims, equals = [], text.find("=")
-    while equals >= 0:
+    claims, previous, equals = [], -1, text.find("=")
+    while equals >= 0:  # each side is read up to the neighbouring "=" or the line's end: linear in the text
         following = text.find("=", equals + 1)
-        line_start, line_end = text.rfind("\n", 0, equals) + 1, text.find("\n", equals)
-        left_start = max(text.rfind("=", 0, equals) + 1, line_start, equals - MAX_ANSWER_CHARS)
-        right_end = min(end for end in (following, line_end, equals + 1 + MAX_ANSWER_CHARS, len(text)) if end >= 0)
+        newline = text.rfind("\n", previous + 1, equals)
+        left_start = max(newline, previous) + 1
+        right_end = len(text) if following < 0 else following
+        newline = text.find("\n", equals, right_end)
+        right_end = right_end if newline < 0 else newline
         left = _left_side(_claim_tokens(text, left_start, equals))
         right = _right_side(_claim_tokens(text, equals + 1, right_end))
         if left and right and (left[1] or right[1]):
             claims.append((right[2], left[0] is not None and left[0] == right[0]))
-        equals = following
+        previous, equals = equals, following
     return claims
 
 

@@ -1,7 +1,9 @@
 """Issue 17: process supervision that runs. Arithmetic claims checked exactly, their ends located in tokens, per-token
 advantages from them, the loss taking those, and the supervision switch of train.py."""
 import json
+import math
 import os
+import time
 
 import pytest
 import torch
@@ -39,9 +41,26 @@ from test_train import QWEN_TOKENIZER
     ("x = 5", []), ("7 = 7", []), ("2x + 3 = 7", []), ("a <= 5", []), ("a == b", []),  # not claims
     ("a*2 = 10", []), ("3+4 = 7 + apples", []),  # cut at an operator: the value is unknown
     ("12.", []), ("", []),
+    ("word " * 100 + "3+4=7", [(505, True)]),  # a long line before the claim does not matter
+    ("+".join(["1"] * 50) + "=50", [(102, True)]),  # 99 tokens: MAX_CLAIM_TOKENS
+    ("+".join(["1"] * 51) + "=51", []),
 ])
 def test_arithmetic_claims_by_hand(text, claims):
     assert arithmetic_claims(text) == claims
+
+
+def test_claims_take_time_linear_in_the_text():
+    """Each side is read up to the neighbouring "=" or newline: ten times the claims cost about ten times the time
+    (reading each side from the text's start would make it a hundred times)."""
+    def seconds(n):
+        text = "=1+1" * n
+        best = math.inf
+        for _ in range(3):
+            start = time.perf_counter()
+            assert len(arithmetic_claims(text)) == n - 1
+            best = min(best, time.perf_counter() - start)
+        return best
+    assert seconds(5_000) < 30 * seconds(500)
 
 
 def test_every_gsm8k_calculator_annotation_holds_and_holds_no_more_when_its_result_changes():
