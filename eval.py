@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from data import encode_prompt, load_gsm8k_file, load_tokenizer, response_prefix, stop_sequences, stop_token_ids
 from model import ModelConfig, Transformer, resolve_device
-from rewards import extract_answer, score_completions
+from rewards import extract_answer, score_completions, step_rewards
 from sample import generate
 
 
@@ -35,13 +35,16 @@ class Samples:
     components: dict[str, list[float]]  # each reward, unweighted; "correctness" and "format" always present
     seconds_sampling: float  # generate, to the tokens on the host
     seconds_scoring: float  # decoding and rewards
+    steps: list[list[tuple[int, float]]] | None = None  # process=True: (token index of a step's end, reward) per step
 
 
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: str,
                      max_new_tokens: int, temperature: float, seed: int | list[int], weights: dict[str, float],
-                     top_p: float = 1.0, top_k: int = 0) -> Samples:
+                     top_p: float = 1.0, top_k: int = 0, questions: list[str] | None = None, functions=None,
+                     process: bool = False) -> Samples:
     """Sample one completion per prompt, ending at an end-of-text token or "</answer>", decode it and score it against
-    its gold answer."""
+    its gold answer: weights names the rewards, functions holds the loaded ones (reward_models.load_rewards),
+    questions the problems' text they may read. process: also the step rewards of process supervision."""
     end_of_text, start = set(stop_token_ids(tokenizer)), time.perf_counter()
     rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                        stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id)
@@ -51,8 +54,11 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     prefix = response_prefix(template)  # the prompt ends in "<think>": the format reward judges the whole response
     # accuracy and format are measured whatever the weights; a 0 weight keeps them out of the reward
     rewards, components = score_completions([prefix + t for t in texts], golds, [not s for s in stopped],
-                                            {"correctness": 0.0, "format": 0.0, **weights})
-    return Samples(completions, texts, stopped, rewards, components, sampled - start, time.perf_counter() - sampled)
+                                            {"correctness": 0.0, "format": 0.0, **weights}, questions, functions)
+    steps = [step_rewards(text, ids, tokenizer.decode, truncated=not stop)
+             for text, ids, stop in zip(texts, completions, stopped)] if process else None
+    return Samples(completions, texts, stopped, rewards, components, sampled - start, time.perf_counter() - sampled,
+                   steps)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

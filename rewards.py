@@ -1,5 +1,6 @@
 """
-Rule-based rewards for R1-Zero-style RL on math word problems.
+Rule-based rewards for R1-Zero-style RL on math word problems: the final answer's correctness, the layout, and the
+arithmetic claims a solution makes along the way (process supervision's step rewards).
 
 The reward is the only teacher, so every rule below leans towards 0.0 when in doubt: a false positive
 teaches the policy to cheat, a false negative only slows it down. Parsing is hand-written (no regex,
@@ -8,6 +9,10 @@ split/count (C speed); only short candidate answer spans (at most MAX_ANSWER_CHA
 character by character in Python.
 """
 
+import bisect
+import math
+import numbers
+import operator
 from fractions import Fraction
 from types import MappingProxyType
 
@@ -440,28 +445,223 @@ def format_reward(completion: str, gold: str, truncated: bool = False) -> float:
 
 
 REWARD_FUNCTIONS = MappingProxyType({"correctness": correctness_reward, "format": format_reward})
+SHOWN_CHARS = 200  # of a completion quoted in an error message
 
 
-def score_completions(completions: list[str], golds: list[str], truncated: list[bool],
-                      weights: dict[str, float]) -> tuple[list[float], dict[str, list[float]]]:
+def _shown(completion):
+    return repr(completion if len(completion) <= SHOWN_CHARS else completion[:SHOWN_CHARS] + "...")
+
+
+def _raises_alone(function, completion, gold, question):
+    try:
+        function([completion], [gold], [question])
+    except Exception:
+        return True
+    return False
+
+
+def _reward_values(name, function, completions, golds, truncated, questions):
+    """One reward's N values, each checked to be a finite number; a RuntimeError names the reward and the completion."""
+    if getattr(function, "batched", False):
+        try:
+            values = function(list(completions), list(golds), list(questions))
+        except Exception as error:  # find the completion it fails on, to name it
+            culprit = next((c for c, g, q in zip(completions, golds, questions) if _raises_alone(function, c, g, q)),
+                           None)
+            where = f"on completion {_shown(culprit)}" if culprit is not None else \
+                f"on a batch of {len(completions)} completions (none fails alone; the first: {_shown(completions[0])})"
+            raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} {where}") from error
+        if not hasattr(values, "__len__") or len(values) != len(completions):
+            raise RuntimeError(f"reward {name!r} returned {values!r:.80} for {len(completions)} completions (the "
+                               f"first: {_shown(completions[0])}): a batched reward returns one value per completion")
+    else:
+        values = []
+        for completion, gold, cut in zip(completions, golds, truncated):
+            try:
+                values.append(function(completion, gold, cut) if name in REWARD_FUNCTIONS else
+                              function(completion, gold))
+            except Exception as error:
+                raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} on completion "
+                                   f"{_shown(completion)}") from error
+    for value, completion in zip(values, completions):
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise RuntimeError(f"reward {name!r} returned {value!r} for completion {_shown(completion)}: a reward "
+                               "must be a finite number")
+    return [float(value) for value in values]
+
+
+def score_completions(completions: list[str], golds: list[str], truncated: list[bool], weights: dict[str, float],
+                      questions: list[str] | None = None, functions=None) -> tuple[list[float], dict[str, list[float]]]:
     """
-    Weighted sum of rewards per completion. completions, golds, truncated: equal-length sequences
-    (N,); weights: {reward name: weight}, names from REWARD_FUNCTIONS.
+    Weighted sum of rewards per completion: total_i = sum over names of weights[name] * reward_name(completion_i).
+    completions, golds, truncated (and questions, the problems' text): equal-length sequences (N,); weights:
+    {reward name: weight}, each name a built-in (REWARD_FUNCTIONS) or a key of functions, a mapping {name: callable}
+    of loaded rewards (reward_models.load_rewards) of either form:
+      per completion  function(completion, gold) -> float
+      batched         function(completions, golds, questions) -> N floats, marked by an attribute batched = True
+    Only the rules read truncated; the other rewards see the text alone.
+    A reward that raises, returns a value that is not a finite number (NaN, inf, None, a string) or the wrong number
+    of values stops here with a RuntimeError naming the reward and the completion.
     Returns (totals: list of N floats, components: {name: list of N unweighted rewards}).
     """
-    unknown = sorted(set(weights) - set(REWARD_FUNCTIONS))
+    functions = {**(functions or {}), **REWARD_FUNCTIONS}
+    unknown = sorted(set(weights) - set(functions))
     if unknown:
-        raise ValueError(f"unknown reward name(s) {unknown}; known rewards are {sorted(REWARD_FUNCTIONS)}")
+        raise ValueError(f"unknown reward name(s) {unknown}; known rewards are {sorted(functions)}")
     if not weights:
         raise ValueError("weights is empty: name at least one reward from REWARD_FUNCTIONS")
-    if not len(completions) == len(golds) == len(truncated):
-        raise ValueError(f"completions, golds and truncated must have equal lengths, got "
-                         f"{len(completions)}, {len(golds)} and {len(truncated)}")
-    components = {name: [REWARD_FUNCTIONS[name](completion, gold, cut)
-                         for completion, gold, cut in zip(completions, golds, truncated)]
+    lengths = [len(x) for x in (completions, golds, truncated, questions) if x is not None]
+    if len(set(lengths)) > 1:
+        raise ValueError(f"completions, golds, truncated (and questions) must have equal lengths, got {lengths}")
+    batched = [name for name in weights if getattr(functions[name], "batched", False)]
+    if batched and questions is None:
+        raise ValueError(f"batched reward(s) {batched} read the questions: pass questions=")
+    components = {name: _reward_values(name, functions[name], completions, golds, truncated, questions)
                   for name in weights}
     totals = [sum(weights[name] * components[name][i] for name in weights) for i in range(len(completions))]
     return totals, components
+
+# -----------------------------------------------------------------------------
+# process supervision: every arithmetic claim is a step, checked exactly
+
+CLAIM_OPERATORS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "x": "*", "\u00d7": "*", "/": "/", "\u00f7": "/"}
+ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+MAX_CLAIM_TOKENS = 99  # numbers, operators and brackets in one side of a claim: "1 + 2 + ... + 50" still reads
+DIGITS = frozenset("0123456789")  # not str.isdigit: that also takes "²" and other scripts' digits
+
+
+def _claim_tokens(text, start, end):
+    """The tokens of text[start:end], each (kind, value, end offset): ("num", Fraction), ("op", one of "+-*/"),
+    ("(", None), (")", None), or ("other", None) for what cannot be part of an expression (words, "<", ",", ...)."""
+    tokens, i = [], start
+    while i < end:
+        char = text[i]
+        if char.isspace() or (char == "$" and text[i + 1:i + 2] in DIGITS):
+            i += 1
+            continue
+        signed = char in "+-\u2212" and text[i + 1:i + 2] in DIGITS and not (tokens and tokens[-1][0] in ("num", ")"))
+        if char in DIGITS or signed or (char == "." and text[i + 1:i + 2] in DIGITS):  # a number, ".5" too
+            digits_end = i + 1
+            while digits_end < end and (text[digits_end] in DIGITS or text[digits_end] in ",."):
+                digits_end += 1
+            number = text[i + signed:digits_end].rstrip(",.")  # a trailing "," or "." is punctuation
+            value = _leading_number(number)[0]
+            i += signed + len(number)
+            negative = char in "-\u2212"
+            tokens.append(("num", -value if negative else value, i) if value is not None else ("other", None, i))
+            continue
+        if char in CLAIM_OPERATORS and not (char == "x" and (text[i - 1:i].isalpha() or text[i + 1:i + 2].isalpha())):
+            kind, value = "op", CLAIM_OPERATORS[char]
+        else:
+            kind, value = (char, None) if char in "()" else ("other", None)
+        i += 1
+        tokens.append((kind, value, i))
+    return tokens
+
+
+def _apply(left, symbol, right):
+    if left is None or right is None or (symbol == "/" and right == 0):
+        return None  # a division by zero makes the whole expression's value unknown
+    return ARITHMETIC[symbol](left, right)
+
+
+def _expression(tokens, at, level=0):
+    """The expression that starts at tokens[at], read exactly: (value, index just after it), or None if none starts
+    there. Level 0 reads a sum of products, 1 a product of factors, 2 a factor (a number or a bracketed sum); an
+    operator with nothing readable after it is left unread. The value is None after a division by zero."""
+    if level == 2:
+        if at < len(tokens) and tokens[at][0] == "num":
+            return tokens[at][1], at + 1
+        inner = _expression(tokens, at + 1) if at < len(tokens) and tokens[at][0] == "(" else None
+        return (inner[0], inner[1] + 1) if inner and inner[1] < len(tokens) and tokens[inner[1]][0] == ")" else None
+    parsed = _expression(tokens, at, level + 1)
+    operators = "+-" if level == 0 else "*/"
+    while parsed and parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op" and tokens[parsed[1]][1] in operators:
+        operand = _expression(tokens, parsed[1] + 1, level + 1)
+        if operand is None:
+            break
+        parsed = _apply(parsed[0], tokens[parsed[1]][1], operand[0]), operand[1]
+    return parsed
+
+
+def _left_side(tokens):
+    """(value, has an operator) of the longest expression that ends the tokens, or None. It must not follow an
+    operator: it would go on into something unreadable ("a*2 = 10"), so its value is unknown; nor be longer than
+    MAX_CLAIM_TOKENS, which bounds the work (and the brackets' recursion)."""
+    after_other = max((i + 1 for i, token in enumerate(tokens) if token[0] == "other"), default=0)
+    for start in range(max(after_other, len(tokens) - MAX_CLAIM_TOKENS), len(tokens)):
+        parsed = _expression(tokens, start)
+        if parsed and parsed[1] == len(tokens) and not (start and tokens[start - 1][0] == "op"):
+            return parsed[0], any(token[0] == "op" for token in tokens[start:])
+    return None
+
+
+def _right_side(tokens):
+    """(value, has an operator, end offset) of the longest expression that starts the tokens, or None; it must not
+    be followed by an operator ("7 + apples"), nor be longer than MAX_CLAIM_TOKENS."""
+    parsed = _expression(tokens[:MAX_CLAIM_TOKENS + 1], 0)
+    if parsed is None or (parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op") or parsed[1] > MAX_CLAIM_TOKENS:
+        return None
+    return parsed[0], any(token[0] == "op" for token in tokens[:parsed[1]]), tokens[parsed[1] - 1][2]
+
+
+def arithmetic_claims(text: str) -> list[tuple[int, bool]]:
+    """
+    The arithmetic claims a text makes, in order, each as (end, correct): end is the offset just past the claim's
+    last character, correct whether it holds exactly (Fraction arithmetic: no eval, no floats, no regex).
+    A claim is an "=" between two expressions on one line, one of them with an operator: "3 * 4 = 12", "12+7=19",
+    "$1,200 / 4 = $300", "1/2 + .25 = 3/4", "20 = 4 x 5", "(60+72+42)/3=58". An expression is numbers (thousands
+    commas, decimals, a sign where no number precedes: "3*-2=-6") joined by + - * / x × ÷ −, * and / first, with
+    brackets; "/" divides, so a fraction is its own value. Left of "=" the claim reads the longest expression ending
+    there, right of it the longest one starting there, so words around it do not count ("Tom has 3+4=7 apples"), and
+    a chain "3+4=7+1=8" is two claims, 3+4 = 7+1 (wrong) and 7+1 = 8 (right): "=" means equal. Not claims: no
+    operator on either side ("x = 5", "7 = 7"), a side that is not an expression ("2x + 3 = 7", "a <= 5"), one cut
+    at an operator ("a*2 = 10", "3+4 = 7 + apples") or longer than MAX_CLAIM_TOKENS. A division by zero makes a claim
+    wrong. Time is linear in the text.
+    """
+    claims, previous, equals = [], -1, text.find("=")
+    while equals >= 0:  # each side is read up to the neighbouring "=" or the line's end: linear in the text
+        following = text.find("=", equals + 1)
+        newline = text.rfind("\n", previous + 1, equals)
+        left_start = max(newline, previous) + 1
+        right_end = len(text) if following < 0 else following
+        newline = text.find("\n", equals, right_end)
+        right_end = right_end if newline < 0 else newline
+        left = _left_side(_claim_tokens(text, left_start, equals))
+        right = _right_side(_claim_tokens(text, equals + 1, right_end))
+        if left and right and (left[1] or right[1]):
+            claims.append((right[2], left[0] is not None and left[0] == right[0]))
+        previous, equals = equals, following
+    return claims
+
+
+def token_ends(token_ids, decode, char_ends: list[int]) -> list[int]:
+    """For each character offset end of the text decode(token_ids), the index of the token that writes its character
+    end - 1: the shortest prefix of token_ids whose decoded text is at least end characters long. A prefix decodes
+    to a prefix of the text (a token cut inside a multi-byte character decodes to one replacement character), so its
+    length grows with the prefix and a binary search finds it; exact for any tokenizer whose decode does that."""
+    return [bisect.bisect_left(range(len(token_ids)), end, key=lambda n: len(decode(token_ids[:n + 1])))
+            for end in char_ends]
+
+
+def step_rewards(completion: str, token_ids, decode, truncated: bool = False) -> list[tuple[int, float]]:
+    """
+    Process supervision's step rewards, rule-based: each arithmetic claim of the completion (arithmetic_claims) is a
+    step rewarded 1.0 if it holds and 0.0 if not, ending at the token that writes its last character.
+    completion: the decoded completion, decode(token_ids) without a final end-of-text token; token_ids: the
+    completion's tokens, stop token included; decode: the tokenizer's decode.
+    A completion that claims nothing, or was truncated, gets one step of reward 0.0 at its last token: no checkable
+    work earns what a wrong step earns, so leaving the arithmetic out never escapes a negative advantage.
+    Returns [(token index of the step's last token, reward)], in order.
+    """
+    claims = [] if truncated else arithmetic_claims(completion)
+    if not claims:
+        return [(len(token_ids) - 1, 0.0)]
+    ends = token_ends(token_ids, decode, [end for end, _ in claims])
+    return [(end, 1.0 if correct else 0.0) for end, (_, correct) in zip(ends, claims)]
+
+# -----------------------------------------------------------------------------
+# the gold answer of a GSM8K solution
 
 
 def gold_from_solution(solution_text: str) -> str:

@@ -9,8 +9,8 @@ rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device.
     python train.py configs/demo.py --overwrite       # start again in an out_dir that already holds a run
 
 One step (grpo_step): draw prompts_per_step questions; sample group_size completions of each; score them with the
-rule-based rewards; normalise the rewards within each group into advantages; take mu optimizer steps on the
-clipped-ratio objective, with a k3 KL penalty toward a frozen reference model when beta > 0.
+rewards reward_weights names; normalise the rewards within each group into advantages (per token with process
+supervision: the arithmetic steps' rewards); take mu optimizer steps on the clipped-ratio objective, with a k3 KL penalty toward a frozen reference model when beta > 0.
 """
 import ast
 import contextlib
@@ -41,10 +41,10 @@ from tqdm import tqdm
 from data import encode_prompt, load_gsm8k, load_tokenizer, response_prefix, stop_token_ids, synthetic_problems, \
     write_jsonl
 from eval import evaluate, model_from_checkpoint, read_checkpoint, sample_and_score
-from grpo import group_advantages, grpo_loss, zero_std_group_fraction
+from grpo import group_advantages, grpo_loss, process_advantages, zero_std_group_fraction
 from logprobs import add_logprobs, completion_logprobs, make_micro_batches
 from model import LORA_TARGETS, ModelConfig, Transformer, resolve_device
-from rewards import REWARD_FUNCTIONS
+from reward_models import check_reward_names, load_rewards, reward_log_name
 from sample import check_context
 from sft import optimizer_step, sft_text, warm_start, warmup_lr
 
@@ -71,7 +71,11 @@ class TrainConfig:
     max_new_tokens: int = 512
     temperature: float = 1.0  # > 0; log-probs for the ratio use the same temperature (no top-p/top-k: on-policy)
     # objective (grpo.py checks the variant names)
+    # {reward: weight}, the total is the weighted sum; a reward is "correctness", "format", "FILE.py:FUNCTION",
+    # "model:NAME[:LABEL]" (a reward model) or "judge:NAME" (an LLM judge): see reward_models.py
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0, "format": 0.1})
+    supervision: str = "outcome"  # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
+    process_weight: float = 1.0  # "both": advantage = outcome advantage + process_weight * process advantage
     adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)
     adv_scale: str = "std"  # "std" (GRPO) | "none" (Dr. GRPO)
     loss_agg: str = "seq_mean"  # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
@@ -120,6 +124,7 @@ class TrainConfig:
         validate(self)
 
 
+SUPERVISIONS = ("outcome", "process", "both")
 # keys a resumed run may change: they do not change what is computed, only how often or in what pieces
 RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
              "logprob_chunk", "grad_checkpointing", "device", "dtype", "resume", "overwrite")
@@ -177,11 +182,12 @@ def validate(cfg: TrainConfig):
     known = set(inspect.signature(synthetic_problems).parameters) - {"n", "seed"}
     need(set(cfg.synthetic_args) <= known, f"synthetic_args has unknown key(s) "
                                            f"{sorted(set(cfg.synthetic_args) - known)}; data.synthetic_problems takes {sorted(known)}")
-    need(cfg.reward_weights and set(cfg.reward_weights) <= set(REWARD_FUNCTIONS),
-         f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, got {cfg.reward_weights}")
     need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
          f"reward_weights must be finite numbers, got {cfg.reward_weights}")
-    try:  # grpo.py and data.py own the allowed values: a dry run on a tiny batch checks them
+    need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
+    need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
+    try:  # grpo.py, data.py and reward_models.py own the allowed values: a dry run on a tiny batch checks them
+        check_reward_names(cfg.reward_weights)
         response_prefix(cfg.template)  # checks the template's name
         resolve_device(cfg.device, cfg.dtype)
         group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
@@ -292,6 +298,7 @@ class Run:
     heldout: list[dict]
     autocast: typing.Any  # bf16 autocast on CUDA, a null context in fp32
     step: int = 0  # GRPO steps completed
+    rewards: dict = field(default_factory=dict)  # the loaded non-rule rewards (reward_models.load_rewards)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -307,14 +314,23 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     golds = [run.problems[i]["gold"] for i in picked for _ in range(G)]
     with run.sampler.lora_merged():
         samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, cfg.template, cfg.max_new_tokens,
-                                   cfg.temperature, step_seed(cfg.seed, step), cfg.reward_weights)
+                                   cfg.temperature, step_seed(cfg.seed, step), cfg.reward_weights,
+                                   questions=[run.problems[i]["question"] for i in picked for _ in range(G)],
+                                   functions=run.rewards, process=cfg.supervision != "outcome")
     t1 = time.perf_counter()
-    # 2. normalise the rewards within each group
+    # 2. normalise the rewards within each group (outcome: [B]) and the step rewards (process: [B, T])
     rewards = torch.tensor(samples.rewards)
     advantages = group_advantages(rewards, G, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
+    if cfg.supervision != "outcome":
+        step_rewards, step_ends, step_mask = step_tensors(samples.steps)
+        process = process_advantages(step_rewards, step_ends, G, max(map(len, samples.completions)), step_mask)
+        advantages = process if cfg.supervision == "process" else advantages[:, None] + cfg.process_weight * process
     # 3. the log-probs the loss compares with: the reference's (KL) and, for mu > 1, the sampling policy's (ratio)
     batches = make_micro_batches(prompts, samples.completions, advantages, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device)
+    if advantages.dim() == 2:  # per token: each micro-batch keeps its own N completion columns
+        for batch in batches:
+            batch.advantages = batch.advantages[:, :batch.mask.shape[1]]
     if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy itself with its adapters off
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk,
@@ -338,7 +354,8 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
 
     lengths, mean = [len(c) for c in samples.completions], statistics.fmean
     record = {"step": step, "reward": mean(samples.rewards),
-              **{f"reward_{name}": mean(samples.components[name]) for name in cfg.reward_weights},
+              **{f"reward_{reward_log_name(name)}": mean(samples.components[name]) for name in cfg.reward_weights},
+              **({"process_reward": mean(r for steps in samples.steps for _, r in steps)} if samples.steps else {}),
               "accuracy": mean(samples.components["correctness"]), "response_length": mean(lengths),
               "response_length_max": max(lengths), "truncation_rate": 1 - mean(samples.stopped),
               "zero_std_frac": zero_std_group_fraction(rewards, G).item(), **stats, "lr": lr,
@@ -349,6 +366,16 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     shown = [{"step": step, "question": run.problems[picked[q]]["question"], "gold": golds[q * G],
               "completion": samples.texts[q * G], "reward": samples.rewards[q * G]} for q in range(min(2, len(picked)))]
     return record, shown
+
+
+def step_tensors(steps: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-completion steps [(token index of the step's end, reward)] -> grpo.process_advantages' step_rewards
+    [B, S] float, step_ends [B, S] long and step_mask [B, S] bool, right-padded to the most steps S."""
+    width = max(map(len, steps))
+    padded = [row + [(0, 0.0)] * (width - len(row)) for row in steps]
+    return (torch.tensor([[reward for _, reward in row] for row in padded]),
+            torch.tensor([[end for end, _ in row] for row in padded]),
+            torch.tensor([[True] * len(row) + [False] * (width - len(row)) for row in steps]))
 
 
 def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, torch.Tensor]:
@@ -382,6 +409,7 @@ def setup(cfg: TrainConfig) -> Run:
     state = prepare_out_dir(cfg)
     tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else load_tokenizer(cfg.model, gguf_file=cfg.gguf_file or None)
     problems, heldout = load_problems(cfg)
+    rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)  # once per run, before any work
     prompts = [encode_prompt(tokenizer, p["question"], cfg.template) for p in problems]
     if state is not None:
         policy = model_from_checkpoint(state)
@@ -413,7 +441,7 @@ def setup(cfg: TrainConfig) -> Run:
               reference=frozen_copy(policy, dtype) if cfg.beta > 0 and cfg.lora_rank == 0 else None,
               optimizer=policy.configure_optimizer(cfg.lr, cfg.weight_decay, cfg.adam_betas),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer, problems=problems, prompts=prompts,
-              heldout=heldout, autocast=autocast)
+              heldout=heldout, autocast=autocast, rewards=rewards)
     if state is not None:
         run.step = state["step"]
         run.optimizer.load_state_dict(state["optimizer"])
