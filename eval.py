@@ -96,6 +96,18 @@ def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: i
         raise ValueError("no questions to evaluate")
     if n > 1 and temperature == 0:
         raise ValueError("n > 1 samples at temperature 0 are n copies of the greedy answer: set --temperature")
+    records = score_questions(model, tokenizer, rows, template, n, temperature, max_new_tokens, batch_size, seed,
+                              top_p, top_k, desc, progress)
+    if out_path:
+        write_completions(records, out_path)
+    return summarize(records, n, ks, temperature)
+
+
+@torch.no_grad()
+def score_questions(model, tokenizer, rows: list[dict], template: str, n: int, temperature: float,
+                    max_new_tokens: int, batch_size: int, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
+                    desc: str = "eval", progress: bool = True) -> list[dict]:
+    """evaluate()'s sampling: one record {"question", "gold", "samples": [n verdicts]} per row, in row order."""
     prompts = [encode_prompt(tokenizer, row["question"], template) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))  # similar lengths per batch: less padding
     per_batch = max(1, batch_size // n)
@@ -120,21 +132,27 @@ def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: i
                  "length": len(samples.completions[s]), "truncated": not samples.stopped[s]}
                 for s in range(j * n, (j + 1) * n)]}
     model.train(was_training)
+    return records
 
+
+def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: float) -> dict:
+    """evaluate()'s figures from score_questions() records (train.py gathers them from every rank first)."""
     correct = [sum(s["correct"] for s in r["samples"]) for r in records]
     flat = [s for r in records for s in r["samples"]]
     pass1, pass1_stderr = mean_and_stderr([pass_at_k(n, c, 1) for c in correct])
-    summary = {"pass@1": pass1, "pass@1_stderr": pass1_stderr,
-               **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(rows) for k in ks if 1 < k <= n},
-               "format_rate": sum(s["format"] for s in flat) / len(flat),
-               "response_length": sum(s["length"] for s in flat) / len(flat),
-               "truncation_rate": sum(s["truncated"] for s in flat) / len(flat),
-               "questions": len(rows), "n": n, "temperature": temperature}
-    if out_path:
-        with open(out_path, "w") as f:
-            f.writelines(json.dumps({"question": r["question"], "gold": r["gold"], **s}) + "\n"
-                         for r in records for s in r["samples"])
-    return summary
+    return {"pass@1": pass1, "pass@1_stderr": pass1_stderr,
+            **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(records) for k in ks if 1 < k <= n},
+            "format_rate": sum(s["format"] for s in flat) / len(flat),
+            "response_length": sum(s["length"] for s in flat) / len(flat),
+            "truncation_rate": sum(s["truncated"] for s in flat) / len(flat),
+            "questions": len(records), "n": n, "temperature": temperature}
+
+
+def write_completions(records: list[dict], path: str):
+    """One JSON line per completion: its question, gold answer and verdict."""
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"question": r["question"], "gold": r["gold"], **s}) + "\n"
+                     for r in records for s in r["samples"])
 
 
 def read_checkpoint(path: str, device="cpu") -> dict:

@@ -1,12 +1,13 @@
 """
 R1-Zero-style reinforcement learning: GRPO (DeepSeekMath, arXiv:2402.03300) on math word problems with
-rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device.
+rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device, or data-parallel under torchrun.
 
     python train.py configs/gsm8k.py                  # Qwen2.5 on GSM8K, one GPU
     python train.py configs/demo.py                   # a tiny model on synthetic problems, a laptop CPU
     python train.py configs/demo.py --lr=1e-3         # --key=value overrides any TrainConfig field
     python train.py configs/demo.py --resume          # continue out_dir/ckpt.pt exactly where it stopped
     python train.py configs/demo.py --overwrite       # start again in an out_dir that already holds a run
+    torchrun --standalone --nproc_per_node=8 train.py configs/gsm8k.py   # 8 GPUs, DDP (--sharding=fsdp: FSDP2)
 
 One step (grpo_step): draw prompts_per_step questions; sample group_size completions of each; score them with the
 rewards reward_weights names; normalise the rewards within each group into advantages (per token with process
@@ -36,11 +37,16 @@ import typing
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from data import encode_prompt, load_gsm8k, load_tokenizer, response_prefix, stop_token_ids, synthetic_problems, \
     write_jsonl
-from eval import evaluate, model_from_checkpoint, read_checkpoint, sample_and_score
+from eval import Samples, model_from_checkpoint, read_checkpoint, sample_and_score, score_questions, summarize, \
+    write_completions
 from grpo import group_advantages, grpo_loss, process_advantages, zero_std_group_fraction
 from logprobs import add_logprobs, completion_logprobs, make_micro_batches
 from model import LORA_TARGETS, ModelConfig, Transformer, resolve_device
@@ -116,6 +122,7 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # "auto" (cuda if available) | "cuda" | "cpu"
     dtype: str = "auto"  # compute dtype of forward passes: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" | "float32"
+    sharding: str = "ddp"  # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
 
     def __post_init__(self):
         hints = typing.get_type_hints(TrainConfig)
@@ -127,7 +134,7 @@ class TrainConfig:
 SUPERVISIONS = ("outcome", "process", "both")
 # keys a resumed run may change: they do not change what is computed, only how often or in what pieces
 RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
-             "logprob_chunk", "grad_checkpointing", "device", "dtype", "resume", "overwrite")
+             "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume", "overwrite")
 RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
              "sft.pt", "curves.png", "hf")
 
@@ -176,6 +183,11 @@ def validate(cfg: TrainConfig):
          f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {cfg.lora_targets}")
     need(cfg.lora_alpha > 0 and 0 <= cfg.lora_dropout < 1, f"need lora_alpha > 0 and 0 <= lora_dropout < 1, got "
                                                            f"{cfg.lora_alpha} and {cfg.lora_dropout}")
+    need(cfg.sharding in ("ddp", "fsdp"), f"sharding must be 'ddp' or 'fsdp', got {cfg.sharding!r}")
+    need(cfg.prompts_per_step % world_size() == 0,
+         f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} ranks (each rank "
+         f"samples whole groups): make prompts_per_step a multiple of {world_size()}, or run a number of processes "
+         f"that divides {cfg.prompts_per_step}")
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     need(set(cfg.model_args) <= known, f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
                                        f"ModelConfig has {sorted(known)}")
@@ -299,6 +311,7 @@ class Run:
     autocast: typing.Any  # bf16 autocast on CUDA, a null context in fp32
     step: int = 0  # GRPO steps completed
     rewards: dict = field(default_factory=dict)  # the loaded non-rule rewards (reward_models.load_rewards)
+    ddp: DistributedDataParallel | None = None  # torchrun, sharding="ddp": the loss runs through this wrapper
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -308,14 +321,17 @@ def step_seed(seed: int, step: int) -> int:
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     """One step of GRPO on run's weights, in place; returns (the step's log record, two sample completions)."""
     G, device = cfg.group_size, run.policy.lm_head.weight.device
-    # 1. sample G completions for each of prompts_per_step questions (a group is G consecutive rows) and score them
-    picked = run.stream.next(cfg.prompts_per_step)
+    # 1. sample G completions for each of prompts_per_step questions (a group is G consecutive rows) and score them;
+    #    under torchrun every rank draws the same questions and keeps its slice of whole groups, with its own seed
+    share = cfg.prompts_per_step // world_size()
+    picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
     prompts = [run.prompts[i] for i in picked for _ in range(G)]
     golds = [run.problems[i]["gold"] for i in picked for _ in range(G)]
     with run.sampler.lora_merged():
         samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, cfg.template, cfg.max_new_tokens,
-                                   cfg.temperature, step_seed(cfg.seed, step), cfg.reward_weights,
-                                   questions=[run.problems[i]["question"] for i in picked for _ in range(G)],
+                                   cfg.temperature, step_seed(cfg.seed, step * world_size() + rank()),
+                                   cfg.reward_weights, questions=[run.problems[i]["question"] for i in picked
+                                                                  for _ in range(G)],
                                    functions=run.rewards, process=cfg.supervision != "outcome")
     t1 = time.perf_counter()
     # 2. normalise the rewards within each group (outcome: [B]) and the step rewards (process: [B, T])
@@ -343,24 +359,25 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     # 4. mu optimizer steps on the clipped objective
     lr, stats = warmup_lr(cfg.lr, step, cfg.warmup_steps), {}
     for _ in range(cfg.mu):
-        epoch = policy_gradient(run.policy, batches, cfg, run.autocast)
-        epoch["grad_norm"] = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip)
+        epoch = policy_gradient(run.ddp or run.policy, batches, cfg, run.autocast)
+        epoch["grad_norm"] = whole(optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip))
         stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
     # 5. the sampler generates the next step with the new weights
     if run.sampler is not run.policy:
-        run.sampler.load_state_dict(run.policy.state_dict())
+        copy_weights(run.sampler, run.policy)
     stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the one host sync of the stats
     t3 = time.perf_counter()
 
-    lengths, mean = [len(c) for c in samples.completions], statistics.fmean
-    record = {"step": step, "reward": mean(samples.rewards),
-              **{f"reward_{reward_log_name(name)}": mean(samples.components[name]) for name in cfg.reward_weights},
-              **({"process_reward": mean(r for steps in samples.steps for _, r in steps)} if samples.steps else {}),
-              "accuracy": mean(samples.components["correctness"]), "response_length": mean(lengths),
-              "response_length_max": max(lengths), "truncation_rate": 1 - mean(samples.stopped),
-              "zero_std_frac": zero_std_group_fraction(rewards, G).item(), **stats, "lr": lr,
-              "tokens_per_s": sum(lengths) / samples.seconds_sampling, "time_sample": samples.seconds_sampling,
-              "time_reward": samples.seconds_scoring, "time_reference": t2 - t1,
+    everyone = all_samples(samples)  # the log describes the whole step: every rank's rows
+    lengths, mean = [len(c) for c in everyone.completions], statistics.fmean
+    record = {"step": step, "reward": mean(everyone.rewards),
+              **{f"reward_{reward_log_name(name)}": mean(everyone.components[name]) for name in cfg.reward_weights},
+              **({"process_reward": mean(r for steps in everyone.steps for _, r in steps)} if everyone.steps else {}),
+              "accuracy": mean(everyone.components["correctness"]), "response_length": mean(lengths),
+              "response_length_max": max(lengths), "truncation_rate": 1 - mean(everyone.stopped),
+              "zero_std_frac": zero_std_group_fraction(torch.tensor(everyone.rewards), G).item(), **stats, "lr": lr,
+              "tokens_per_s": sum(lengths) / everyone.seconds_sampling, "time_sample": everyone.seconds_sampling,
+              "time_reward": everyone.seconds_scoring, "time_reference": t2 - t1,
               "time_update": t3 - t2}
     record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}  # kl when beta=0
     shown = [{"step": step, "question": run.problems[picked[q]]["question"], "gold": golds[q * G],
@@ -381,21 +398,141 @@ def step_tensors(steps: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, to
 def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, torch.Tensor]:
     """Forward and backward of the GRPO loss over every micro-batch. The loss normalisers are the whole batch's,
     so the gradients add up to the whole batch's gradient, and the returned stats (0-d tensors, no host sync) to
-    its means: loss, kl, clip fractions, ratio and entropy per token."""
+    its means: loss, kl, clip fractions, ratio and entropy per token. Under torchrun the whole batch is every
+    rank's rows: the normalisers and the stats are summed over the ranks."""
     n_seq = sum(b.mask.shape[0] for b in batches)
     n_tok = sum(b.mask.sum() for b in batches)
+    if dist.is_initialized():
+        n_seq, n_tok = summed_over_ranks(torch.stack([torch.tensor(n_seq, device=n_tok.device), n_tok]))
     totals = {}
-    for batch in batches:
-        with autocast:
-            logp, entropy = completion_logprobs(policy, batch, cfg.temperature, cfg.logprob_chunk)
-        loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
-                                clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
-                                loss_agg=cfg.loss_agg, num_sequences=n_seq, num_tokens=n_tok,
-                                constant_norm=cfg.max_new_tokens)
-        loss.backward()
+    for i, batch in enumerate(batches):
+        # DDP all-reduces in the last micro-batch's backward only, after the others accumulated their gradients
+        last = i == len(batches) - 1
+        with policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last else contextlib.nullcontext():
+            with autocast:
+                logp, entropy = completion_logprobs(policy, batch, cfg.temperature, cfg.logprob_chunk)
+            loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
+                                    clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
+                                    loss_agg=cfg.loss_agg, num_sequences=n_seq, num_tokens=n_tok,
+                                    constant_norm=cfg.max_new_tokens)
+            # DDP and FSDP2 average the ranks' gradients; with global normalisers the sum is the batch's gradient
+            (loss * world_size()).backward()
         for key, value in {"loss": loss.detach(), "entropy": entropy / n_tok, **stats}.items():
             totals[key] = totals.get(key, 0) + value
+    if dist.is_initialized():
+        totals = dict(zip(totals, summed_over_ranks(torch.stack(list(totals.values())))))
     return totals
+
+# -----------------------------------------------------------------------------
+# several processes: `torchrun --nproc_per_node=N train.py ...` starts N ranks with RANK, WORLD_SIZE and LOCAL_RANK
+# set. Every rank draws the same questions and samples its own slice of whole groups; the loss normalisers are the
+# whole batch's, so the ranks' gradients add up to the single-process gradient; rank 0 writes every file.
+# Without torchrun there is no process group and these helpers change nothing.
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def init_distributed(device: torch.device) -> torch.device:
+    """Under torchrun, join the process group (nccl on CUDA, gloo on the CPU); returns this rank's device."""
+    if "RANK" not in os.environ:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+class Replicas(DistributedDataParallel):
+    """DDP that lends out its model's lm_head: completion_logprobs applies it to hidden states outside forward()."""
+
+    @property
+    def lm_head(self):
+        return self.module.lm_head
+
+
+def spread(policy: Transformer, sharding: str, device: torch.device) -> Replicas | None:
+    """Spread the policy over the ranks. "ddp": a replica per rank, gradients all-reduced; returns the wrapper the
+    loss must run through. "fsdp": FSDP2 shards the fp32 weights, their gradients and so the AdamW state over the
+    ranks, one group per Block, then the root (embeddings, norm, lm_head), in place; returns None."""
+    if sharding == "ddp":  # bucket views: the gradients live in DDP's buckets instead of beside them (4 B/param)
+        return Replicas(policy, device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+    from torch.distributed.fsdp import fully_shard  # imported here: public from torch 2.6, plain runs need less
+    mesh = init_device_mesh(device.type, (world_size(),))
+    for block in policy.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(policy, mesh=mesh)
+    return None
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor whole: an FSDP2 DTensor shard is all-gathered (a collective: every rank must call this)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def gathered_to_rank0(state: dict) -> dict:
+    """state with its FSDP2 shards replaced, in place and one at a time, by whole tensors on rank 0's CPU (other
+    ranks drop theirs: a whole 7B state fits on no GPU, nor eight times in one host's memory); a collective."""
+    for key, value in state.items():
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+            state[key] = value.cpu() if rank() == 0 else None
+    return state
+
+
+def copy_weights(target: Transformer, source: Transformer):
+    """target's weights := source's, cast to target's dtype; FSDP2 shards are gathered one tensor at a time, so no
+    whole fp32 copy of the model is ever made (a collective under FSDP2)."""
+    with torch.no_grad():
+        into = target.state_dict()
+        for name, tensor in source.state_dict().items():
+            into[name].copy_(whole(tensor))
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer):
+    """After loading a checkpoint's whole AdamW moments into an optimizer over FSDP2 shards, keep each rank's shard."""
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(param, DTensor) and value.shape == param.shape:  # the moments; not the 0-d step count
+                state[key] = distribute_tensor(value, param.device_mesh, param.placements)
+
+
+def summed_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor summed over the ranks, in place (a collective); tensor itself in a single process."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def from_every_rank(obj) -> list:
+    """[rank 0's obj, rank 1's, ...] (a collective); [obj] in a single process."""
+    if not dist.is_initialized():
+        return [obj]
+    objs = [None] * world_size()
+    dist.all_gather_object(objs, obj)
+    return objs
+
+
+def all_samples(samples: Samples) -> Samples:
+    """Every rank's samples in rank order, i.e. the whole step's rows; timings are the slowest rank's."""
+    if not dist.is_initialized():
+        return samples
+    parts, merged = [vars(part) for part in from_every_rank(samples)], {}
+    for key, value in parts[0].items():
+        if isinstance(value, list):
+            merged[key] = [x for part in parts for x in part[key]]
+        elif isinstance(value, dict):  # the reward components
+            merged[key] = {name: [x for part in parts for x in part[key][name]] for name in value}
+        else:  # seconds: the step waits for the slowest rank
+            merged[key] = max(part[key] for part in parts)
+    return Samples(**merged)
 
 # -----------------------------------------------------------------------------
 # set-up: a new run, or a resumed one
@@ -404,6 +541,7 @@ def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, to
 def setup(cfg: TrainConfig) -> Run:
     """Load data, tokenizer and model; a new run does the warm start, a resumed one loads ckpt.pt."""
     device, dtype = resolve_device(cfg.device, cfg.dtype)
+    device = init_distributed(device)
     # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     state = prepare_out_dir(cfg)
@@ -424,9 +562,10 @@ def setup(cfg: TrainConfig) -> Run:
     check_context(prompts + [encode_prompt(tokenizer, p["question"], cfg.template) for p in heldout],
                   cfg.max_new_tokens, policy.config.max_seq_len)
     policy.to(device).grad_checkpointing = cfg.grad_checkpointing
-    write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))  # what `python eval.py --data` re-scores
-    with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=2)
+    if rank() == 0:
+        write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))  # what `python eval.py --data` re-scores
+        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(cfg), f, indent=2)
 
     if state is None and cfg.sft_steps > 0:  # the warm start: worked solutions, its own optimizer
         stop = stop_token_ids(tokenizer)[0]
@@ -434,17 +573,28 @@ def setup(cfg: TrainConfig) -> Run:
         warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas), prompts,
                    targets, cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip,
                    cfg.micro_batch_size, tokenizer.pad_token_id, device, autocast, cfg.logprob_chunk, cfg.seed,
-                   os.path.join(cfg.out_dir, "sft_log.jsonl"))
+                   os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull)
     if state is None and cfg.lora_rank > 0:  # after the warm start: SFT trains every weight
         policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
-    run = Run(policy=policy, sampler=policy if dtype == torch.float32 else frozen_copy(policy, dtype),
-              reference=frozen_copy(policy, dtype) if cfg.beta > 0 and cfg.lora_rank == 0 else None,
+    # torchrun: every rank takes rank 0's weights (a warm start on GPU is not bitwise reproducible). Under FSDP2 the
+    # sampler is a whole copy (bf16 on GPU: 2 B/param on every rank) refreshed after each update, not the policy
+    # unsharded around generation: every FSDP2 forward is a collective, while each rank decodes as many steps as
+    # its own rows need. The copies are made before spread() shards the policy in place.
+    sharded = dist.is_initialized() and cfg.sharding == "fsdp"
+    if dist.is_initialized():
+        for tensor in policy.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    sampler = policy if dtype == torch.float32 and not sharded else frozen_copy(policy, dtype)
+    reference = frozen_copy(policy, dtype) if cfg.beta > 0 and cfg.lora_rank == 0 else None
+    ddp = spread(policy, cfg.sharding, device) if dist.is_initialized() else None
+    run = Run(policy=policy, sampler=sampler, reference=reference,
               optimizer=policy.configure_optimizer(cfg.lr, cfg.weight_decay, cfg.adam_betas),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer, problems=problems, prompts=prompts,
-              heldout=heldout, autocast=autocast, rewards=rewards)
+              heldout=heldout, autocast=autocast, rewards=rewards, ddp=ddp)
     if state is not None:
         run.step = state["step"]
         run.optimizer.load_state_dict(state["optimizer"])
+        shard_optimizer_state(run.optimizer)
         run.stream.load_state_dict(state["stream"])
         if run.reference is not None:
             run.reference.load_state_dict(state["reference"])
@@ -465,8 +615,8 @@ def prepare_out_dir(cfg: TrainConfig) -> dict | None:
         if holds_run and not cfg.overwrite:
             raise FileExistsError(f"{cfg.out_dir} already holds a run: add --resume to continue it, --overwrite to "
                                   "delete it and start again, or choose another --out_dir")
-        for path in [os.path.join(cfg.out_dir, name) for name in RUN_FILES] + \
-                glob.glob(os.path.join(cfg.out_dir, "eval_*.jsonl")):
+        doomed = [os.path.join(cfg.out_dir, name) for name in RUN_FILES] + glob.glob(os.path.join(cfg.out_dir, "eval_*.jsonl"))
+        for path in doomed if rank() == 0 else []:  # one process deletes
             if os.path.isdir(path):
                 shutil.rmtree(path)
             elif os.path.exists(path):
@@ -478,7 +628,7 @@ def prepare_out_dir(cfg: TrainConfig) -> dict | None:
     if changed:
         raise ValueError(f"--resume keeps the settings {ckpt_path} was trained with, but this command changes "
                          f"{', '.join(changed)}; only {', '.join(RESUMABLE)} may change on resume")
-    for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"):
+    for name in ("log.jsonl", "eval.jsonl", "samples.jsonl") if rank() == 0 else ():
         truncate_log(os.path.join(cfg.out_dir, name), state["step"])
     return state
 
@@ -508,14 +658,20 @@ def truncate_log(path: str, step: int):
 
 def save_checkpoint(run: Run, cfg: TrainConfig, path: str, full: bool = True):
     """Write the run (full: everything --resume needs; else the weights eval.py needs) to path, atomically:
-    a temporary file is renamed over the old one, so a crash mid-write keeps the previous checkpoint."""
-    if not all(torch.isfinite(p).all() for p in run.policy.parameters()):
-        raise FloatingPointError(f"the weights are not finite after step {run.step}; {path} was not overwritten")
-    state = {"model": run.policy.state_dict(), "model_config": dataclasses.asdict(run.policy.config),
+    a temporary file is renamed over the old one, so a crash mid-write keeps the previous checkpoint.
+    Under torchrun every rank calls it and rank 0 writes whole tensors in the single-process layout (FSDP2 shards
+    gathered), so a run resumes under any number of ranks and either sharding."""
+    state = {"model": gathered_to_rank0(run.policy.state_dict()), "model_config": dataclasses.asdict(run.policy.config),
              "config": dataclasses.asdict(cfg), "step": run.step}
     if full:
-        state.update(optimizer=run.optimizer.state_dict(), stream=run.stream.state_dict(),
+        optimizer = run.optimizer.state_dict()  # its per-weight dicts are the optimizer's own: gather copies
+        optimizer["state"] = {i: gathered_to_rank0(dict(moments)) for i, moments in optimizer["state"].items()}
+        state.update(optimizer=optimizer, stream=run.stream.state_dict(),
                      reference=run.reference.state_dict() if run.reference is not None else None)
+    if rank() != 0:
+        return
+    if not all(torch.isfinite(t).all() for t in state["model"].values()):
+        raise FloatingPointError(f"the weights are not finite after step {run.step}; {path} was not overwritten")
     tensors = [t for part in (state["model"], state.get("reference") or {}) for t in part.values()] + \
         [t for s in state.get("optimizer", {"state": {}})["state"].values() for t in s.values()]
     need = sum(t.numel() * t.element_size() for t in tensors)
@@ -528,10 +684,17 @@ def save_checkpoint(run: Run, cfg: TrainConfig, path: str, full: bool = True):
 
 
 def held_out_eval(run: Run, cfg: TrainConfig) -> float:
+    """Greedy pass@1 on the held-out questions; under torchrun each rank scores a slice and all see every record."""
+    n, world = len(run.heldout), world_size()
+    mine = run.heldout[rank() * n // world:(rank() + 1) * n // world]
     with run.sampler.lora_merged():
-        result = evaluate(run.sampler, run.tokenizer, run.heldout, template=cfg.template,
-                          max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-                          out_path=os.path.join(cfg.out_dir, f"eval_{run.step:05d}.jsonl"), desc=f"eval@{run.step}")
+        records = score_questions(run.sampler, run.tokenizer, mine, cfg.template, 1, 0.0, cfg.max_new_tokens,
+                                  cfg.eval_batch_size, desc=f"eval@{run.step}", progress=rank() == 0)
+    records = [record for part in from_every_rank(records) for record in part]
+    result = summarize(records, n=1, ks=(1,), temperature=0.0)
+    if rank() != 0:
+        return result["pass@1"]
+    write_completions(records, os.path.join(cfg.out_dir, f"eval_{run.step:05d}.jsonl"))
     with open(os.path.join(cfg.out_dir, "eval.jsonl"), "a") as f:
         f.write(json.dumps({"step": run.step, **result}) + "\n")
     tqdm.write(f"step {run.step}: held-out pass@1 {result['pass@1']:.3f} ± {result['pass@1_stderr']:.3f} "
@@ -569,8 +732,9 @@ def train(cfg: TrainConfig) -> dict:
         save_checkpoint(run, cfg, ckpt_path)  # a resume point after the warm start
         if cfg.sft_steps > 0:  # eval.py can score the warm start alone after ckpt.pt moves on
             save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
+    main = rank() == 0  # under torchrun only rank 0 writes files and prints
     bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps, desc="grpo",
-               dynamic_ncols=True)
+               dynamic_ncols=True, disable=not main)
     with StopRequest() as stop:
         for step in bar:
             try:
@@ -579,33 +743,37 @@ def train(cfg: TrainConfig) -> dict:
                 raise FloatingPointError(f"step {step}: {error}; stopped before the update, so {ckpt_path} keeps "
                                          "the last good weights: lower lr or grad_clip") from None
             run.step = step
-            with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
-            bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
-                            len=f"{record['response_length']:.0f}", kl=f"{record['kl'] or 0:.4f}")
-            if cfg.sample_every and step % cfg.sample_every == 0:
+            if main:
+                with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
+                                len=f"{record['response_length']:.0f}", kl=f"{record['kl'] or 0:.4f}")
+            if main and cfg.sample_every and step % cfg.sample_every == 0:
                 with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
                     f.writelines(json.dumps(s) + "\n" for s in shown)
                 tqdm.write(f"step {step} sample (reward {shown[0]['reward']:.2f}, gold {shown[0]['gold']}): "
                            f"{shown[0]['completion'][:300]!r}")
             if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
-                run.reference.load_state_dict(run.policy.state_dict())  # iterative GRPO
+                copy_weights(run.reference, run.policy)  # iterative GRPO
             if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
                 summary["pass@1_end"] = held_out_eval(run, cfg)
-            if stop.requested or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            # torchrun forwards Ctrl-C to every rank, maybe not within the same step: any rank's request stops all
+            stopping = any(from_every_rank(stop.requested))
+            if stopping or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 save_checkpoint(run, cfg, ckpt_path)
-            if stop.requested:
+            if stopping:
                 summary["interrupted"] = True
-                tqdm.write(f"stopped after step {step}; {ckpt_path} holds it. Continue with the same command "
-                           "and --resume")
+                if main:
+                    tqdm.write(f"stopped after step {step}; {ckpt_path} holds it. Continue with the same command "
+                               "and --resume")
                 break
     bar.close()
     summary["step"] = run.step
-    if run.step == cfg.max_steps:  # the trained policy for vLLM, lm-eval-harness, the hub (LoRA folded in)
-        run.policy.save_pretrained(os.path.join(cfg.out_dir, "hf"), run.tokenizer)
+    if main and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub; from ckpt.pt: whole under FSDP2 too
+        model_from_checkpoint(read_checkpoint(ckpt_path)).save_pretrained(os.path.join(cfg.out_dir, "hf"), run.tokenizer)
     drawn = any(os.path.getsize(os.path.join(cfg.out_dir, name)) for name in ("log.jsonl", "eval.jsonl")
                 if os.path.isfile(os.path.join(cfg.out_dir, name)))
-    if drawn and importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
+    if main and drawn and importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
         from plot import plot_run
         tqdm.write(f"curves: {plot_run(cfg.out_dir)}")
     return summary
@@ -613,5 +781,9 @@ def train(cfg: TrainConfig) -> dict:
 
 if __name__ == "__main__":
     result = train(load_config(sys.argv[1:]))
-    print(json.dumps(result))
+    if dist.is_initialized():  # leave together: a gloo rank that tears down while another still works can abort
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank() == 0:
+        print(json.dumps(result))
     sys.exit(130 if result["interrupted"] else 0)
