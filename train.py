@@ -526,7 +526,9 @@ def all_samples(samples: Samples) -> Samples:
         return samples
     parts, merged = [vars(part) for part in from_every_rank(samples)], {}
     for key, value in parts[0].items():
-        if isinstance(value, list):
+        if value is None:  # steps, without process supervision
+            merged[key] = None
+        elif isinstance(value, list):
             merged[key] = [x for part in parts for x in part[key]]
         elif isinstance(value, dict):  # the reward components
             merged[key] = {name: [x for part in parts for x in part[key][name]] for name in value}
