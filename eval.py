@@ -111,7 +111,7 @@ def score_questions(model, tokenizer, rows: list[dict], template: str, n: int, t
     prompts = [encode_prompt(tokenizer, row["question"], template) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))  # similar lengths per batch: less padding
     per_batch = max(1, batch_size // n)
-    records = [None] * len(rows)
+    records, prefix = [None] * len(rows), response_prefix(template)
     was_training = model.training
     model.eval()
     for start in tqdm(range(0, len(order), per_batch), desc=desc, disable=not progress, leave=False,
@@ -123,7 +123,6 @@ def score_questions(model, tokenizer, rows: list[dict], template: str, n: int, t
         samples = sample_and_score(model, tokenizer, [prompts[i] for i in chunk for _ in range(n)],
                                    [rows[i]["gold"] for i in chunk for _ in range(n)], template, max_new_tokens,
                                    temperature, seeds, weights={}, top_p=top_p, top_k=top_k)
-        prefix = response_prefix(template)
         for j, i in enumerate(chunk):
             records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"], "samples": [
                 {"completion": samples.texts[s], "answer": extract_answer(prefix + samples.texts[s]),

@@ -1,6 +1,5 @@
 """Issue 11's guards: a run is never lost or silently wrong, and a bad setting fails before any work."""
 import json
-import math
 import os
 import signal
 

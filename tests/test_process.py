@@ -10,7 +10,7 @@ import torch
 
 import train
 from data import CharTokenizer, load_tokenizer
-from grpo import group_advantages, grpo_loss, process_advantages
+from grpo import grpo_loss, process_advantages
 from rewards import arithmetic_claims, parse_number, step_rewards, token_ends
 from test_guards import log_steps, tiny
 from test_rewards import GSM8K_DIR
