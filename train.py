@@ -78,7 +78,8 @@ class TrainConfig:
     synthetic_args: dict = field(default_factory=dict)  # extra keyword arguments of data.synthetic_problems / demo_split
     data_seed: int | None = None  # "demo": the seed of its three sets (None: seed), so seeds can share one split
     # what a step does: "grpo", or a baseline on the same rows and completions per step: "rft" (sample as GRPO does,
-    # SFT on the correct samples), "sft_answers" (SFT on "</think> <answer>N</answer>"), "sft_more" (more warm start)
+    # SFT on the correct samples), "sft_answers" (SFT on the training rows: with dataset="demo" their answers alone,
+    # "</think> <answer>N</answer>"), "sft_more" (SFT on the warm-start rows: more warm start)
     algorithm: str = "grpo"
     # sampling
     group_size: int = 8  # G completions per question
@@ -209,8 +210,6 @@ def validate(cfg: TrainConfig):
     need(cfg.algorithm == "grpo" or world_size() == 1,
          f"algorithm={cfg.algorithm!r} runs in one process only (its steps do not split over ranks); run it without "
          f"torchrun (WORLD_SIZE={world_size()})")
-    need(cfg.algorithm != "sft_more" or cfg.dataset == "demo", "algorithm='sft_more' continues the demo's warm-start "
-                                                               "family: it needs dataset='demo'")
     need(not cfg.init_from or cfg.resume or os.path.isfile(cfg.init_from),
          f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_novel/sft.pt)")
     need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),

@@ -211,8 +211,6 @@ def test_eval_cli_scores_the_demo_heldout_file_with_pass_at_k(tmp_path):
 def test_an_unknown_algorithm_is_named(tmp_path):
     with pytest.raises(ValueError, match="algorithm must be one of .*'rft'.*got 'ppo'"):
         tiny_config(tmp_path, algorithm="ppo")
-    with pytest.raises(ValueError, match="'sft_more' continues the demo's warm-start family: it needs dataset='demo'"):
-        load_config([os.path.join(ROOT, "configs", "demo.py"), "--algorithm=sft_more"])
 
 
 def test_only_grpo_keeps_a_reference_model(tmp_path):
