@@ -4,13 +4,17 @@ GSM8K-format word-problem generator for the offline demo.
 
     python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
     python data.py synthetic --n 200 --seed 1 --out data/synthetic/test.jsonl   # a held-out set for eval.py
+    python data.py demo --seed 1337 --out data/demo_novel   # the novel-split demo's warm, RL and held-out sets
 
 Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose last
-line is "#### N", and gold is that N as a string. On disk (GSM8K format) a row is {"question", "answer"}.
+line is "#### N", and gold is that N as a string; an answer-only row (the novel-split demo's RL and held-out
+problems) has the solution "#### N" alone. On disk (GSM8K format) a row is {"question", "answer"}.
 """
 
 import argparse
+import ast
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -232,39 +236,127 @@ def stop_sequences(tokenizer, template_name: str) -> list[list[int]]:
     return sequences
 
 # -----------------------------------------------------------------------------
-# synthetic GSM8K-format word problems
+# synthetic GSM8K-format word problems, and the novel-split demo's warm-start, RL and held-out families
 
 PEOPLE = (("Tom", "He"), ("Anna", "She"), ("Sam", "He"), ("Mia", "She"), ("Leo", "He"), ("Zoe", "She"))
 THINGS = ("apples", "marbles", "stickers", "coins", "books", "pencils", "cookies", "shells")
 VERBS = {"+": ("buys {} more", "finds {} more", "gets {} more"), "-": ("gives away {}", "loses {}", "sells {}")}
+OP_BEFORE_NUMBER = {verb.split("{}")[0].split()[-1]: op for op, verbs in VERBS.items() for verb in verbs}
+MIXES = ("any", "one", "both")  # a chain's operations: drawn freely | all of one kind | additions and subtractions
 
 
-def synthetic_problems(n: int, seed: int, min_ops: int = 1, max_ops: int = 3, max_operand: int = 20) -> list[dict]:
-    """n word problems {"question", "solution", "gold"} in GSM8K format, a deterministic function of seed:
-    a start amount, then min_ops..max_ops additions/subtractions of 1..max_operand; the total never goes negative.
+def synthetic_problem(rng: random.Random, min_ops: int, max_ops: int, max_operand: int, max_start: int,
+                      restate: bool = False) -> dict:
+    """One word problem {"question", "solution", "gold"} drawn with rng (see synthetic_problems); restate: each
+    solution line starts with the clause it computes ("gives away 4: 30-4=26")."""
+    (name, pronoun), thing = rng.choice(PEOPLE), rng.choice(THINGS)
+    start = total = rng.randint(1, max_start)
+    clauses, lines = [], []
+    for _ in range(rng.randint(min_ops, max_ops)):
+        op = "-" if total > 0 and rng.random() < 0.5 else "+"  # nothing left to take away: add instead
+        amount = rng.randint(1, min(total, max_operand)) if op == "-" else rng.randint(1, max_operand)
+        new_total = total + amount if op == "+" else total - amount
+        clauses.append(rng.choice(VERBS[op]).format(amount))
+        lines.append(f"{clauses[-1] + ': ' if restate else ''}{total}{op}{amount}={new_total}")
+        total = new_total
+    actions = clauses[-1] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
+    question = f"{name} has {start} {thing}. {pronoun} {actions}. How many {thing} does {name} have?"
+    return {"question": question, "solution": "\n".join(lines + [f"#### {total}"]), "gold": str(total)}
+
+
+def synthetic_problems(n: int, seed: int | str, min_ops: int = 1, max_ops: int = 3, max_operand: int = 20,
+                       max_start: int | None = None) -> list[dict]:
+    """n word problems {"question", "solution", "gold"} in GSM8K format, a deterministic function of seed (int or str):
+    a start amount of 1..max_start (None: max_operand), then min_ops..max_ops additions/subtractions of
+    1..max_operand; the total never goes negative.
     e.g. "Tom has 12 apples. He buys 7 more and gives away 5. How many apples does Tom have?"
     -> solution "12+7=19\\n19-5=14\\n#### 14", gold "14".
     """
-    if not 1 <= min_ops <= max_ops or max_operand < 1:
-        raise ValueError(f"need 1 <= min_ops <= max_ops and max_operand >= 1, "
-                         f"got min_ops={min_ops}, max_ops={max_ops}, max_operand={max_operand}")
+    max_start = max_operand if max_start is None else max_start
+    if not 1 <= min_ops <= max_ops or max_operand < 1 or max_start < 1:
+        raise ValueError(f"need 1 <= min_ops <= max_ops, max_operand >= 1 and max_start >= 1, got min_ops={min_ops}, "
+                         f"max_ops={max_ops}, max_operand={max_operand}, max_start={max_start}")
     rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        (name, pronoun), thing = rng.choice(PEOPLE), rng.choice(THINGS)
-        start = total = rng.randint(1, max_operand)
-        clauses, lines = [], []
-        for _ in range(rng.randint(min_ops, max_ops)):
-            op = "-" if total > 0 and rng.random() < 0.5 else "+"  # nothing left to take away: add instead
-            amount = rng.randint(1, min(total, max_operand)) if op == "-" else rng.randint(1, max_operand)
-            new_total = total + amount if op == "+" else total - amount
-            clauses.append(rng.choice(VERBS[op]).format(amount))
-            lines.append(f"{total}{op}{amount}={new_total}")
-            total = new_total
-        actions = clauses[-1] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
-        question = f"{name} has {start} {thing}. {pronoun} {actions}. How many {thing} does {name} have?"
-        rows.append({"question": question, "solution": "\n".join(lines + [f"#### {total}"]), "gold": str(total)})
+    return [synthetic_problem(rng, min_ops, max_ops, max_operand, max_start) for _ in range(n)]
+
+
+def chain_key(question: str) -> str:
+    """The arithmetic of a synthetic question with its names and things dropped: the start amount, then each
+    operation and operand in order, e.g. "Tom has 12 apples. He buys 7 more and gives away 5. ..." -> "12+7-5"."""
+    words = question.replace(",", " ").replace(".", " ").split()
+    at = words.index("has") + 1 if "has" in words else 0  # the start amount follows "has"
+    if not at or not words[at].isdecimal():
+        raise ValueError(f"not a synthetic question (no 'has N'): {question!r}")
+    key = words[at]
+    for before, word in zip(words[at:], words[at + 1:]):
+        if word.isdecimal():
+            if before not in OP_BEFORE_NUMBER:
+                raise ValueError(f"not a synthetic question ({before!r} before {word}): {question!r}")
+            key += OP_BEFORE_NUMBER[before] + word
+    return key
+
+
+def chain_mix(key: str) -> str:
+    """"one" if a chain_key's operations are all additions or all subtractions, else "both"."""
+    return "both" if {"+", "-"} <= set(key) else "one"
+
+
+def answer_only(row: dict) -> dict:
+    """The row as the RL stage gets it: question and final answer, the worked solution replaced by "#### N"."""
+    return {"question": row["question"], "solution": f"#### {row['gold']}", "gold": row["gold"]}
+
+
+def has_worked_solution(row: dict) -> bool:
+    """True if the solution holds more than its final "#### N" line."""
+    return any(line.strip() and not line.lstrip().startswith("####") for line in row["solution"].splitlines())
+
+
+def family_problems(n: int, rng: random.Random, exclude: set[str], ops: tuple, mix: str, max_operand: int,
+                    max_start: int, restate: bool, what: str) -> list[dict]:
+    """n problems of ops[0]..ops[1] operations whose chains (chain_key) are distinct, of the mix asked for and not in
+    exclude; a clear error if the family runs out."""
+    rows, seen = [], set(exclude)
+    for _ in range(100 * n + 1000):  # plenty for a family with room; the draws are cheap
+        if len(rows) == n:
+            break
+        row = synthetic_problem(rng, *ops, max_operand, max_start, restate)
+        key = chain_key(row["question"])
+        if key not in seen and mix in ("any", chain_mix(key)):
+            seen.add(key)
+            rows.append(row)
+    if len(rows) < n:
+        raise ValueError(f"found only {len(rows)} of {n} {what} problems with a new chain ({ops[0]}..{ops[1]} "
+                         f"operations of 1..{max_operand} from 1..{max_start}, mix {mix!r}): ask for fewer, or widen "
+                         "the family")
     return rows
+
+
+def demo_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldout_size: int = 300,
+               warm_ops: tuple = (1, 3), rl_ops: tuple = (4, 4), warm_mix: str = "any", rl_mix: str = "any",
+               max_operand: int = 9, max_start: int = 50, restate: bool = False) -> tuple[list, list, list]:
+    """The novel-split demo's three sets, a deterministic function of seed (each set from its own stream, so one
+    size does not change another set's draws); every set holds distinct chains (chain_key), of its ops range and
+    mix (MIXES: "one" = only additions or only subtractions, "both" = both kinds in one chain); restate: each
+    worked-solution line starts with the clause it computes (synthetic_problem):
+    - warm: warm_size problems with worked solutions (the SFT warm start);
+    - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
+      worked solution of an RL problem exists anywhere;
+    - heldout: heldout_size problems of the RL family, answer only, strictly novel: no chain occurs in warm or rl."""
+    for name, ops in (("warm_ops", warm_ops), ("rl_ops", rl_ops)):
+        if len(ops) != 2 or not 1 <= ops[0] <= ops[1]:
+            raise ValueError(f"{name} must be (min, max) operations with 1 <= min <= max, got {ops}")
+    for name, mix, ops in (("warm_mix", warm_mix, warm_ops), ("rl_mix", rl_mix, rl_ops)):
+        if mix not in MIXES or (mix == "both" and ops[1] < 2):
+            raise ValueError(f"{name} must be one of {MIXES} ('both' needs 2 or more operations), got {mix!r} "
+                             f"with {ops} operations")
+    warm = family_problems(warm_size, random.Random(f"{seed}:warm"), set(), warm_ops, warm_mix, max_operand,
+                           max_start, restate, "warm-start")
+    warm_chains = {chain_key(row["question"]) for row in warm}
+    rl = family_problems(rl_size, random.Random(f"{seed}:rl"), warm_chains, rl_ops, rl_mix, max_operand, max_start,
+                         restate, "RL")
+    heldout = family_problems(heldout_size, random.Random(f"{seed}:heldout"), warm_chains | {
+        chain_key(row["question"]) for row in rl}, rl_ops, rl_mix, max_operand, max_start, restate, "held-out")
+    return warm, [answer_only(row) for row in rl], [answer_only(row) for row in heldout]
 
 
 def main(argv=None):
@@ -279,13 +371,26 @@ def main(argv=None):
     synthetic.add_argument("--max-ops", type=int, default=3)
     synthetic.add_argument("--max-operand", type=int, default=20)
     synthetic.add_argument("--out", required=True, help="output .jsonl file")
+    demo = commands.add_parser("demo", help="write the novel-split demo's warm.jsonl, rl.jsonl and heldout.jsonl "
+                                            "(data.demo_split, as train.py builds them with dataset='demo')")
+    split_defaults = {k: p.default for k, p in inspect.signature(demo_split).parameters.items() if k != "seed"}
+    demo.add_argument("--seed", type=int, default=1337, help="train.py's seed")
+    for key, default in split_defaults.items():
+        demo.add_argument(f"--{key}", type=type(default) if type(default) in (int, str) else ast.literal_eval,
+                          default=default, help=f"default {default!r}")
+    demo.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)
     if args.command == "gsm8k":
         download_gsm8k(args.out)
-    else:
+    elif args.command == "synthetic":
         rows = synthetic_problems(args.n, args.seed, args.min_ops, args.max_ops, args.max_operand)
         write_jsonl(rows, args.out)
         print(f"wrote {args.n} problems to {args.out}")
+    else:
+        sets = demo_split(args.seed, **{key: getattr(args, key) for key in split_defaults})
+        for name, rows in zip(("warm", "rl", "heldout"), sets):
+            write_jsonl(rows, os.path.join(args.out, f"{name}.jsonl"))
+            print(f"wrote {len(rows)} problems to {os.path.join(args.out, name + '.jsonl')}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning on worked solutions: the warm start (the SFT stage of the R1 pipeline).
+"""Supervised fine-tuning on worked solutions: the warm start (the SFT stage of the R1 pipeline), and the
+novel-split demo's supervised baselines (train.py's sft_step and rft_step update with sft_loss_backward).
 
 The loss is next-token cross-entropy on the completion only (the prompt is context, not a target), averaged over
 every completion token of the batch. optimizer_step() and warmup_lr() are the update shared with the GRPO loop.
@@ -10,6 +11,7 @@ import random
 import torch
 from tqdm import tqdm
 
+from data import stop_token_ids
 from logprobs import completion_logprobs, make_micro_batches
 
 
@@ -22,6 +24,12 @@ def sft_text(row: dict) -> str:
         before, rest = reasoning.split("<<", 1)
         reasoning = before + rest.split(">>", 1)[1]
     return f"{reasoning.strip()}</think> <answer>{row['gold']}</answer>"
+
+
+def sft_target(tokenizer, row: dict) -> list[int]:
+    """The token ids an SFT step trains on for row: sft_text, then the first stop token (no BOS mid-row). An
+    answer-only row ("#### N") gives "</think> <answer>N</answer>": no reasoning."""
+    return tokenizer.encode(sft_text(row), add_special_tokens=False) + [stop_token_ids(tokenizer)[0]]
 
 
 def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:

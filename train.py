@@ -12,6 +12,8 @@ rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device, or 
 One step (grpo_step): draw prompts_per_step questions; sample group_size completions of each; score them with the
 rewards reward_weights names; normalise the rewards within each group into advantages (per token with process
 supervision: the arithmetic steps' rewards); take mu optimizer steps on the clipped-ratio objective, with a k3 KL penalty toward a frozen reference model when beta > 0.
+The novel-split demo's baselines run through the same loop (--algorithm): rft_step (rejection-sampling fine-tuning
+on the same samples) and sft_step (supervised steps: answers only, or more of the warm start's family).
 """
 import ast
 import contextlib
@@ -43,8 +45,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from data import encode_prompt, load_gsm8k, load_tokenizer, response_prefix, stop_token_ids, synthetic_problems, \
-    write_jsonl
+from data import demo_split, encode_prompt, has_worked_solution, load_gsm8k, load_tokenizer, response_prefix, \
+    synthetic_problems, write_jsonl
 from eval import Samples, model_from_checkpoint, read_checkpoint, sample_and_score, score_questions, summarize, \
     write_completions
 from grpo import group_advantages, grpo_loss, process_advantages, zero_std_group_fraction
@@ -52,7 +54,7 @@ from logprobs import add_logprobs, completion_logprobs, make_micro_batches
 from model import LORA_TARGETS, ModelConfig, Transformer, resolve_device
 from reward_models import check_reward_names, load_rewards, reward_log_name
 from sample import check_context
-from sft import optimizer_step, sft_text, warm_start, warmup_lr
+from sft import optimizer_step, sft_loss_backward, sft_target, warm_start, warmup_lr
 
 
 @dataclass
@@ -64,13 +66,21 @@ class TrainConfig:
     tokenizer: str = ""  # "" = the model's own; "char" = data.CharTokenizer
     template: str = "r1_zero"  # data.TEMPLATES, or "chat": the tokenizer's chat template; the prompt ends in "<think>"
     # data
-    dataset: str = "gsm8k"  # "gsm8k": data_dir/{train_split,eval_split}.jsonl; "synthetic": data.synthetic_problems
+    # "gsm8k": data_dir/{train_split,eval_split}.jsonl; "synthetic": data.synthetic_problems; "demo": data.demo_split
+    # (a warm-start family with worked solutions, an answer-only RL family, a held-out set of novel chains)
+    dataset: str = "gsm8k"
     data_dir: str = "data/gsm8k"
     train_split: str = "train"
     eval_split: str = "test"
-    synthetic_train_size: int = 5000
+    synthetic_warm_size: int = 5000  # "demo": warm-start problems (worked solutions)
+    synthetic_train_size: int = 5000  # training problems ("demo": the RL family, answer only)
     synthetic_eval_size: int = 200
-    synthetic_args: dict = field(default_factory=dict)  # extra keyword arguments of data.synthetic_problems
+    synthetic_args: dict = field(default_factory=dict)  # extra keyword arguments of data.synthetic_problems / demo_split
+    data_seed: int | None = None  # "demo": the seed of its three sets (None: seed), so seeds can share one split
+    # what a step does: "grpo", or a baseline on the same rows and completions per step: "rft" (sample as GRPO does,
+    # SFT on the correct samples), "sft_answers" (SFT on the training rows: with dataset="demo" their answers alone,
+    # "</think> <answer>N</answer>"), "sft_more" (SFT on the warm-start rows: more warm start)
+    algorithm: str = "grpo"
     # sampling
     group_size: int = 8  # G completions per question
     prompts_per_step: int = 32
@@ -109,6 +119,7 @@ class TrainConfig:
     sft_steps: int = 0
     sft_batch_size: int = 32
     sft_lr: float = 1e-4
+    init_from: str = ""  # a train.py checkpoint (e.g. out/x/sft.pt) to start from instead of running the warm start
     # evaluation, logging, checkpoints
     eval_every: int = 25  # held-out pass@1 (greedy) before step 1, every N steps and at the end; 0 = never
     eval_size: int = 500  # held-out questions used (the first N)
@@ -163,8 +174,8 @@ def validate(cfg: TrainConfig):
     for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size", "logprob_chunk",
                 "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size"):
         need(getattr(cfg, key) >= 1, f"{key} must be >= 1, got {getattr(cfg, key)}")
-    for key in ("max_steps", "warmup_steps", "sft_steps", "eval_every", "eval_size", "sample_every",
-                "checkpoint_every", "ref_reset_every", "beta", "weight_decay", "grad_clip"):
+    for key in ("max_steps", "warmup_steps", "sft_steps", "synthetic_warm_size", "eval_every", "eval_size",
+                "sample_every", "checkpoint_every", "ref_reset_every", "beta", "weight_decay", "grad_clip"):
         need(getattr(cfg, key) >= 0, f"{key} must be >= 0, got {getattr(cfg, key)}")
     need(cfg.temperature > 0, f"temperature must be > 0, got {cfg.temperature}: GRPO needs the log-probs of a "
                               "sampling distribution (temperature 0 is greedy decoding)")
@@ -172,7 +183,8 @@ def validate(cfg: TrainConfig):
     need(len(cfg.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.adam_betas),
          f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
     need(cfg.eval_size >= 1 or cfg.eval_every == 0, "eval_size=0 with eval_every > 0: nothing to evaluate")
-    need(cfg.dataset in ("gsm8k", "synthetic"), f"dataset must be 'gsm8k' or 'synthetic', got {cfg.dataset!r}")
+    need(cfg.dataset in ("gsm8k", "synthetic", "demo"), f"dataset must be 'gsm8k', 'synthetic' or 'demo', got "
+                                                         f"{cfg.dataset!r}")
     need(cfg.model != "scratch" or cfg.tokenizer != "", "model='scratch' needs a tokenizer, e.g. tokenizer='char'")
     need(not cfg.model_args or cfg.model == "scratch", "model_args only apply to model='scratch'")
     need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
@@ -191,15 +203,22 @@ def validate(cfg: TrainConfig):
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     need(set(cfg.model_args) <= known, f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
                                        f"ModelConfig has {sorted(known)}")
-    known = set(inspect.signature(synthetic_problems).parameters) - {"n", "seed"}
+    maker = demo_split if cfg.dataset == "demo" else synthetic_problems
+    known = set(inspect.signature(maker).parameters) - {"n", "seed", "warm_size", "rl_size", "heldout_size"}
     need(set(cfg.synthetic_args) <= known, f"synthetic_args has unknown key(s) "
-                                           f"{sorted(set(cfg.synthetic_args) - known)}; data.synthetic_problems takes {sorted(known)}")
+                                           f"{sorted(set(cfg.synthetic_args) - known)}; data.{maker.__name__} takes {sorted(known)}")
+    need(cfg.algorithm == "grpo" or world_size() == 1,
+         f"algorithm={cfg.algorithm!r} runs in one process only (its steps do not split over ranks); run it without "
+         f"torchrun (WORLD_SIZE={world_size()})")
+    need(not cfg.init_from or cfg.resume or os.path.isfile(cfg.init_from),
+         f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_novel/sft.pt)")
     need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
          f"reward_weights must be finite numbers, got {cfg.reward_weights}")
     need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
     need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     try:  # grpo.py, data.py and reward_models.py own the allowed values: a dry run on a tiny batch checks them
         check_reward_names(cfg.reward_weights)
+        step_function(cfg.algorithm)
         response_prefix(cfg.template)  # checks the template's name
         resolve_device(cfg.device, cfg.dtype)
         group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
@@ -249,23 +268,33 @@ def parse_value(text: str, hint):
 # data
 
 
-def load_problems(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
-    """(training problems, held-out problems), each a dict {"question", "solution", "gold"}."""
+def load_problems(cfg: TrainConfig) -> tuple[list[dict], list[dict], list[dict]]:
+    """(warm-start problems, training problems, held-out problems), each a dict {"question", "solution", "gold"}.
+    The warm start trains on the training problems, except with dataset="demo" (data.demo_split): there it has
+    its own family, and the training and held-out rows are answer only ("#### N")."""
     if cfg.dataset == "gsm8k":  # a missing file raises FileNotFoundError naming the path and the download command
-        problems = load_gsm8k(cfg.data_dir, cfg.train_split)
+        warm = problems = load_gsm8k(cfg.data_dir, cfg.train_split)
         heldout = load_gsm8k(cfg.data_dir, cfg.eval_split)[:cfg.eval_size]
         names = (os.path.join(cfg.data_dir, f"{cfg.train_split}.jsonl"), os.path.join(cfg.data_dir, f"{cfg.eval_split}.jsonl"))
-    else:  # different seeds for the two sets; a held-out question that also occurs in training is dropped
-        problems = synthetic_problems(cfg.synthetic_train_size, seed=cfg.seed, **cfg.synthetic_args)
+    elif cfg.dataset == "synthetic":  # different seeds for the two sets; a held-out question also in training is dropped
+        warm = problems = synthetic_problems(cfg.synthetic_train_size, seed=cfg.seed, **cfg.synthetic_args)
         seen = {p["question"] for p in problems}
         heldout = [p for p in synthetic_problems(cfg.synthetic_eval_size, seed=cfg.seed + 1, **cfg.synthetic_args)
                    if p["question"] not in seen][:cfg.eval_size]
         names = ("the synthetic training set", "the synthetic held-out set")
+    else:  # three families from one seed; no held-out chain occurs in the other two
+        split_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
+        warm, problems, heldout = demo_split(split_seed, cfg.synthetic_warm_size, cfg.synthetic_train_size,
+                                             cfg.synthetic_eval_size, **cfg.synthetic_args)
+        heldout, names = heldout[:cfg.eval_size], ("the demo's RL set", "the demo's held-out set")
     if not problems:
         raise ValueError(f"{names[0]} is empty: nothing to train on")
     if not heldout and cfg.eval_every > 0:
         raise ValueError(f"{names[1]} is empty: nothing to evaluate (set eval_every=0 to train without evaluation)")
-    return problems, heldout
+    warms_up = (cfg.sft_steps > 0 and not cfg.init_from) or cfg.algorithm == "sft_more"
+    if warms_up and not (warm and all(map(has_worked_solution, warm))):
+        raise ValueError("the warm start needs worked solutions: its set is empty or has a row with only '#### N'")
+    return warm, problems, heldout
 
 
 class QuestionStream:
@@ -318,21 +347,34 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % 2 ** 31  # distinct per (seed, step): a resumed run draws the same samples
 
 
+def sample_groups(run: Run, cfg: TrainConfig, step: int) -> tuple[list[int], list[list[int]], Samples]:
+    """Draw prompts_per_step questions and sample group_size scored completions of each (a group is group_size
+    consecutive rows); under torchrun every rank draws the same questions and keeps its slice of whole groups, with
+    its own seed. Returns (this rank's question indices, the prompt ids of each row, the samples)."""
+    G, share = cfg.group_size, cfg.prompts_per_step // world_size()
+    picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
+    prompts = [run.prompts[i] for i in picked for _ in range(G)]
+    with run.sampler.lora_merged():
+        samples = sample_and_score(run.sampler, run.tokenizer, prompts, [run.problems[i]["gold"] for i in picked
+                                                                        for _ in range(G)],
+                                   cfg.template, cfg.max_new_tokens, cfg.temperature,
+                                   step_seed(cfg.seed, step * world_size() + rank()), cfg.reward_weights,
+                                   questions=[run.problems[i]["question"] for i in picked for _ in range(G)],
+                                   functions=run.rewards, process=cfg.supervision != "outcome")
+    return picked, prompts, samples
+
+
+def shown_samples(run: Run, step: int, picked: list[int], samples: Samples, G: int) -> list[dict]:
+    """The first completion of the step's first two questions, for samples.jsonl."""
+    return [{"step": step, "question": run.problems[picked[q]]["question"], "gold": run.problems[picked[q]]["gold"],
+             "completion": samples.texts[q * G], "reward": samples.rewards[q * G]} for q in range(min(2, len(picked)))]
+
+
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     """One step of GRPO on run's weights, in place; returns (the step's log record, two sample completions)."""
     G, device = cfg.group_size, run.policy.lm_head.weight.device
-    # 1. sample G completions for each of prompts_per_step questions (a group is G consecutive rows) and score them;
-    #    under torchrun every rank draws the same questions and keeps its slice of whole groups, with its own seed
-    share = cfg.prompts_per_step // world_size()
-    picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
-    prompts = [run.prompts[i] for i in picked for _ in range(G)]
-    golds = [run.problems[i]["gold"] for i in picked for _ in range(G)]
-    with run.sampler.lora_merged():
-        samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, cfg.template, cfg.max_new_tokens,
-                                   cfg.temperature, step_seed(cfg.seed, step * world_size() + rank()),
-                                   cfg.reward_weights, questions=[run.problems[i]["question"] for i in picked
-                                                                  for _ in range(G)],
-                                   functions=run.rewards, process=cfg.supervision != "outcome")
+    # 1. sample G completions for each of prompts_per_step questions and score them
+    picked, prompts, samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
     # 2. normalise the rewards within each group (outcome: [B]) and the step rewards (process: [B, T])
     rewards = torch.tensor(samples.rewards)
@@ -380,9 +422,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
               "time_reward": everyone.seconds_scoring, "time_reference": t2 - t1,
               "time_update": t3 - t2}
     record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}  # kl when beta=0
-    shown = [{"step": step, "question": run.problems[picked[q]]["question"], "gold": golds[q * G],
-              "completion": samples.texts[q * G], "reward": samples.rewards[q * G]} for q in range(min(2, len(picked)))]
-    return record, shown
+    return record, shown_samples(run, step, picked, samples, G)
 
 
 def step_tensors(steps: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -422,6 +462,56 @@ def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, to
     if dist.is_initialized():
         totals = dict(zip(totals, summed_over_ranks(torch.stack(list(totals.values())))))
     return totals
+
+# -----------------------------------------------------------------------------
+# the novel-split demo's baselines: the same loop, rows and completions per step as GRPO, a supervised update
+# (validate() keeps them to one process)
+
+
+def supervised_update(run: Run, cfg: TrainConfig, step: int, prompts: list, targets: list) -> dict:
+    """One optimizer step on the mean next-token loss of targets after prompts; the sampler follows the policy."""
+    lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
+    loss = sft_loss_backward(run.policy, prompts, targets, cfg.micro_batch_size, run.tokenizer.pad_token_id,
+                             run.policy.lm_head.weight.device, run.autocast, cfg.logprob_chunk)
+    grad_norm = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip)
+    if run.sampler is not run.policy:
+        copy_weights(run.sampler, run.policy)
+    return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}
+
+
+def rft_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
+    """One step of rejection-sampling fine-tuning (RFT, STaR): grpo_step's samples, then one supervised update on
+    the correct ones only; none correct, no update. kept_fraction is the share of samples trained on."""
+    start = time.perf_counter()
+    picked, prompts, samples = sample_groups(run, cfg, step)
+    kept = [i for i, correct in enumerate(samples.components["correctness"]) if correct == 1.0]
+    t1 = time.perf_counter()
+    update = supervised_update(run, cfg, step, [prompts[i] for i in kept], [samples.completions[i] for i in kept]) \
+        if kept else {"loss": None, "grad_norm": None, "lr": warmup_lr(cfg.lr, step, cfg.warmup_steps)}
+    lengths, mean = [len(c) for c in samples.completions], statistics.fmean
+    record = {"step": step, "reward": mean(samples.rewards), "accuracy": mean(samples.components["correctness"]),
+              "response_length": mean(lengths), "response_length_max": max(lengths),
+              "truncation_rate": 1 - mean(samples.stopped), "kept_fraction": len(kept) / len(prompts), **update,
+              "time_sample": t1 - start, "time_update": time.perf_counter() - t1}
+    return record, shown_samples(run, step, picked, samples, cfg.group_size)
+
+
+def sft_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
+    """One supervised step on prompts_per_step * group_size training rows (GRPO's completions per step): the RL
+    rows' answers alone ("sft_answers": "</think> <answer>N</answer>"), or warm-start rows ("sft_more")."""
+    start = time.perf_counter()
+    picked = run.stream.next(cfg.prompts_per_step * cfg.group_size)
+    update = supervised_update(run, cfg, step, [run.prompts[i] for i in picked],
+                               [sft_target(run.tokenizer, run.problems[i]) for i in picked])
+    return {"step": step, **update, "time_update": time.perf_counter() - start}, []
+
+
+def step_function(algorithm: str):
+    """The step that cfg.algorithm names, looked up when called (so a test can replace one)."""
+    steps = {"grpo": grpo_step, "rft": rft_step, "sft_answers": sft_step, "sft_more": sft_step}
+    if algorithm not in steps:
+        raise ValueError(f"algorithm must be one of {sorted(steps)}, got {algorithm!r}")
+    return steps[algorithm]
 
 # -----------------------------------------------------------------------------
 # several processes: `torchrun --nproc_per_node=N train.py ...` starts N ranks with RANK, WORLD_SIZE and LOCAL_RANK
@@ -548,7 +638,9 @@ def setup(cfg: TrainConfig) -> Run:
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     state = prepare_out_dir(cfg)
     tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else load_tokenizer(cfg.model, gguf_file=cfg.gguf_file or None)
-    problems, heldout = load_problems(cfg)
+    warm, problems, heldout = load_problems(cfg)
+    if cfg.algorithm == "sft_more":  # the baseline that only continues the warm start, on the warm start's family
+        problems = warm
     rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)  # once per run, before any work
     prompts = [encode_prompt(tokenizer, p["question"], cfg.template) for p in problems]
     if state is not None:
@@ -563,17 +655,19 @@ def setup(cfg: TrainConfig) -> Run:
                          f"{len(tokenizer)} tokens")
     check_context(prompts + [encode_prompt(tokenizer, p["question"], cfg.template) for p in heldout],
                   cfg.max_new_tokens, policy.config.max_seq_len)
+    if state is None and cfg.init_from:
+        load_init_weights(policy, cfg, warm)
     policy.to(device).grad_checkpointing = cfg.grad_checkpointing
     if rank() == 0:
         write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))  # what `python eval.py --data` re-scores
         with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
 
-    if state is None and cfg.sft_steps > 0:  # the warm start: worked solutions, its own optimizer
-        stop = stop_token_ids(tokenizer)[0]
-        targets = [tokenizer.encode(sft_text(p), add_special_tokens=False) + [stop] for p in problems]  # no BOS mid-row
-        warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas), prompts,
-                   targets, cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip,
+    if state is None and cfg.sft_steps > 0 and not cfg.init_from:  # the warm start: worked solutions, own optimizer
+        warm_prompts = prompts if warm is problems else [encode_prompt(tokenizer, p["question"], cfg.template)
+                                                         for p in warm]
+        warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas), warm_prompts,
+                   [sft_target(tokenizer, p) for p in warm], cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip,
                    cfg.micro_batch_size, tokenizer.pad_token_id, device, autocast, cfg.logprob_chunk, cfg.seed,
                    os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull)
     if state is None and cfg.lora_rank > 0:  # after the warm start: SFT trains every weight
@@ -587,7 +681,8 @@ def setup(cfg: TrainConfig) -> Run:
         for tensor in policy.state_dict().values():
             dist.broadcast(tensor, src=0)
     sampler = policy if dtype == torch.float32 and not sharded else frozen_copy(policy, dtype)
-    reference = frozen_copy(policy, dtype) if cfg.beta > 0 and cfg.lora_rank == 0 else None
+    reference = frozen_copy(policy, dtype) if cfg.beta > 0 and cfg.lora_rank == 0 and cfg.algorithm == "grpo" \
+        else None
     ddp = spread(policy, cfg.sharding, device) if dist.is_initialized() else None
     run = Run(policy=policy, sampler=sampler, reference=reference,
               optimizer=policy.configure_optimizer(cfg.lr, cfg.weight_decay, cfg.adam_betas),
@@ -601,6 +696,28 @@ def setup(cfg: TrainConfig) -> Run:
         if run.reference is not None:
             run.reference.load_state_dict(state["reference"])
     return run
+
+
+def load_init_weights(policy: Transformer, cfg: TrainConfig, warm: list[dict]):
+    """policy's weights := those of the train.py checkpoint cfg.init_from, after checking it has the same shape and,
+    for dataset="demo", that its run's warm-start set is this run's `warm` (else it may hold held-out chains)."""
+    path, state = cfg.init_from, read_checkpoint(cfg.init_from)
+    theirs, ours = state["model_config"], dataclasses.asdict(policy.config)
+    differ = [f"{key} {theirs.get(key)!r} (this run: {ours[key]!r})" for key in ours if theirs.get(key) != ours[key]]
+    if differ:
+        raise ValueError(f"init_from={path} holds a model of another shape: {', '.join(differ)}")
+    if state["config"].get("lora_rank", 0) > 0:
+        raise ValueError(f"init_from={path} was trained with LoRA adapters; start from a checkpoint without them")
+    if cfg.dataset == "demo":
+        run = state["config"]
+        same = run["dataset"] == "demo" and demo_split(
+            run["seed"] if run.get("data_seed") is None else run["data_seed"], run["synthetic_warm_size"],
+            run["synthetic_train_size"], run["synthetic_eval_size"], **run["synthetic_args"])[0] == warm
+        if not same:
+            raise ValueError(f"init_from={path} was warm-started on another set than this run's (another seed, "
+                             "data_seed, synthetic_warm_size or warm-start family): it may have seen this run's "
+                             "held-out chains; set data_seed to its run's seed")
+    policy.load_state_dict(state["model"])
 
 
 def frozen_copy(model: Transformer, dtype) -> Transformer:
@@ -732,15 +849,15 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.eval_every > 0:
             summary["pass@1_start"] = held_out_eval(run, cfg)
         save_checkpoint(run, cfg, ckpt_path)  # a resume point after the warm start
-        if cfg.sft_steps > 0:  # eval.py can score the warm start alone after ckpt.pt moves on
+        if cfg.sft_steps > 0 and not cfg.init_from:  # eval.py can score the warm start alone after ckpt.pt moves on
             save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
     main = rank() == 0  # under torchrun only rank 0 writes files and prints
-    bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps, desc="grpo",
+    bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps, desc=cfg.algorithm,
                dynamic_ncols=True, disable=not main)
     with StopRequest() as stop:
         for step in bar:
             try:
-                record, shown = grpo_step(run, cfg, step)
+                record, shown = step_function(cfg.algorithm)(run, cfg, step)
             except FloatingPointError as error:
                 raise FloatingPointError(f"step {step}: {error}; stopped before the update, so {ckpt_path} keeps "
                                          "the last good weights: lower lr or grad_clip") from None
@@ -748,9 +865,9 @@ def train(cfg: TrainConfig) -> dict:
             if main:
                 with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
                     f.write(json.dumps(record) + "\n")
-                bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
-                                len=f"{record['response_length']:.0f}", kl=f"{record['kl'] or 0:.4f}")
-            if main and cfg.sample_every and step % cfg.sample_every == 0:
+                bar.set_postfix({key: f"{record[key]:.4g}" for key in ("reward", "accuracy", "response_length", "kl",
+                                                                        "loss") if record.get(key) is not None})
+            if main and cfg.sample_every and step % cfg.sample_every == 0 and shown:
                 with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
                     f.writelines(json.dumps(s) + "\n" for s in shown)
                 tqdm.write(f"step {step} sample (reward {shown[0]['reward']:.2f}, gold {shown[0]['gold']}): "
