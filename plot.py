@@ -60,10 +60,12 @@ def plot_run(out_dir: str, path: str = "") -> str:
             ax.plot(steps, trailing_mean(values, window), color=line.get_color(), label=f"{label} (mean of {window})")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        if len(lines) > 1:
+        if not ax.lines:  # e.g. no KL when beta = 0, no reward for a supervised baseline
+            ax.text(0.5, 0.5, "not in this run's logs", ha="center", va="center", transform=ax.transAxes)
+        elif len(lines) > 1:
             ax.legend()
     for ax in axes[1]:
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel("step")
     fig.suptitle(os.path.normpath(out_dir))
     fig.tight_layout()
     path = path or os.path.join(out_dir, "curves.png")
