@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import distributed
 import train
 from data import CharTokenizer
 from logprobs import add_logprobs, make_micro_batches
@@ -43,17 +44,17 @@ def rollouts(n=8):
 
 def one_update(rows: slice, sharding: str | None) -> dict:
     """One GRPO update as grpo_step does it, on `rows` of the rollouts; under a process group, through
-    train.spread. Returns the whole gradients, grad norm, stats and updated weights."""
+    distributed.spread. Returns the whole gradients, grad norm, stats and updated weights."""
     policy, reference = tiny_model(0), tiny_model(1)
-    ddp = train.spread(policy, sharding, torch.device("cpu")) if sharding else None
+    ddp = distributed.spread(policy, sharding, torch.device("cpu")) if sharding else None
     optimizer = policy.configure_optimizer(UPDATE.lr)
     prompts, completions, advantages = rollouts()
     batches = make_micro_batches(prompts[rows], completions[rows], advantages[rows], UPDATE.micro_batch_size, 0, "cpu")
     add_logprobs(reference, batches, "ref_logp", UPDATE.temperature, UPDATE.logprob_chunk, NO_AUTOCAST)
     stats = train.policy_gradient(ddp or policy, batches, UPDATE, NO_AUTOCAST)
-    grads = {name: train.whole(p.grad).clone() for name, p in policy.named_parameters()}  # before clipping
-    stats["grad_norm"] = train.whole(optimizer_step(policy, optimizer, UPDATE.lr, UPDATE.grad_clip))
-    return {"grads": grads, "stats": stats, "weights": {k: train.whole(v) for k, v in policy.state_dict().items()}}
+    grads = {name: distributed.whole(p.grad).clone() for name, p in policy.named_parameters()}  # before clipping
+    stats["grad_norm"] = distributed.whole(optimizer_step(policy, optimizer, UPDATE.lr, UPDATE.grad_clip))
+    return {"grads": grads, "stats": stats, "weights": {k: distributed.whole(v) for k, v in policy.state_dict().items()}}
 
 
 def update_on_rank(rank: int, sharding: str, out: str, rendezvous: str):
