@@ -370,6 +370,19 @@ def shown_samples(run: Run, step: int, picked: list[int], samples: Samples, G: i
              "completion": samples.texts[q * G], "reward": samples.rewards[q * G]} for q in range(min(2, len(picked)))]
 
 
+def rollout_stats(samples: Samples, reward_weights: dict) -> dict:
+    """What the log says of a step's samples: the reward and each component, accuracy, response lengths, the
+    share cut at max_new_tokens, sampling speed and the seconds spent sampling and scoring."""
+    lengths, mean = [len(c) for c in samples.completions], statistics.fmean
+    return {"reward": mean(samples.rewards),
+            **{f"reward_{reward_log_name(name)}": mean(samples.components[name]) for name in reward_weights},
+            **({"process_reward": mean(r for steps in samples.steps for _, r in steps)} if samples.steps else {}),
+            "accuracy": mean(samples.components["correctness"]), "response_length": mean(lengths),
+            "response_length_max": max(lengths), "truncation_rate": 1 - mean(samples.stopped),
+            "tokens_per_s": sum(lengths) / samples.seconds_sampling, "time_sample": samples.seconds_sampling,
+            "time_reward": samples.seconds_scoring}
+
+
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     """One step of GRPO on run's weights, in place; returns (the step's log record, two sample completions)."""
     G, device = cfg.group_size, run.policy.lm_head.weight.device
@@ -411,16 +424,9 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     t3 = time.perf_counter()
 
     everyone = all_samples(samples)  # the log describes the whole step: every rank's rows
-    lengths, mean = [len(c) for c in everyone.completions], statistics.fmean
-    record = {"step": step, "reward": mean(everyone.rewards),
-              **{f"reward_{reward_log_name(name)}": mean(everyone.components[name]) for name in cfg.reward_weights},
-              **({"process_reward": mean(r for steps in everyone.steps for _, r in steps)} if everyone.steps else {}),
-              "accuracy": mean(everyone.components["correctness"]), "response_length": mean(lengths),
-              "response_length_max": max(lengths), "truncation_rate": 1 - mean(everyone.stopped),
+    record = {"step": step, **rollout_stats(everyone, cfg.reward_weights),
               "zero_std_frac": zero_std_group_fraction(torch.tensor(everyone.rewards), G).item(), **stats, "lr": lr,
-              "tokens_per_s": sum(lengths) / everyone.seconds_sampling, "time_sample": everyone.seconds_sampling,
-              "time_reward": everyone.seconds_scoring, "time_reference": t2 - t1,
-              "time_update": t3 - t2}
+              "time_reference": t2 - t1, "time_update": t3 - t2}
     record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}  # kl when beta=0
     return record, shown_samples(run, step, picked, samples, G)
 
@@ -482,17 +488,13 @@ def supervised_update(run: Run, cfg: TrainConfig, step: int, prompts: list, targ
 def rft_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     """One step of rejection-sampling fine-tuning (RFT, STaR): grpo_step's samples, then one supervised update on
     the correct ones only; none correct, no update. kept_fraction is the share of samples trained on."""
-    start = time.perf_counter()
     picked, prompts, samples = sample_groups(run, cfg, step)
     kept = [i for i, correct in enumerate(samples.components["correctness"]) if correct == 1.0]
     t1 = time.perf_counter()
     update = supervised_update(run, cfg, step, [prompts[i] for i in kept], [samples.completions[i] for i in kept]) \
         if kept else {"loss": None, "grad_norm": None, "lr": warmup_lr(cfg.lr, step, cfg.warmup_steps)}
-    lengths, mean = [len(c) for c in samples.completions], statistics.fmean
-    record = {"step": step, "reward": mean(samples.rewards), "accuracy": mean(samples.components["correctness"]),
-              "response_length": mean(lengths), "response_length_max": max(lengths),
-              "truncation_rate": 1 - mean(samples.stopped), "kept_fraction": len(kept) / len(prompts), **update,
-              "time_sample": t1 - start, "time_update": time.perf_counter() - t1}
+    record = {"step": step, **rollout_stats(samples, cfg.reward_weights), "kept_fraction": len(kept) / len(prompts),
+              **update, "time_update": time.perf_counter() - t1}
     return record, shown_samples(run, step, picked, samples, cfg.group_size)
 
 
