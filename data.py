@@ -4,7 +4,7 @@ GSM8K-format word-problem generator for the offline demo.
 
     python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
     python data.py synthetic --n 200 --seed 1 --out data/synthetic/test.jsonl   # a held-out set for eval.py
-    python data.py demo --seed 1337 --out data/demo_novel   # the novel-split demo's warm, RL and held-out sets
+    python data.py demo --seed 1337 --out data/demo        # configs/demo.py's warm, RL and held-out sets
 
 Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose last
 line is "#### N", and gold is that N as a string; an answer-only row (the novel-split demo's RL and held-out
@@ -332,12 +332,12 @@ def family_problems(n: int, rng: random.Random, exclude: set[str], ops: tuple, m
 
 
 def demo_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldout_size: int = 300,
-               warm_ops: tuple = (1, 3), rl_ops: tuple = (4, 4), warm_mix: str = "any", rl_mix: str = "any",
-               max_operand: int = 9, max_start: int = 50, restate: bool = False) -> tuple[list, list, list]:
+               warm_ops: tuple = (1, 4), rl_ops: tuple = (2, 3), warm_mix: str = "one", rl_mix: str = "both",
+               max_operand: int = 9, max_start: int = 50, restate: bool = True) -> tuple[list, list, list]:
     """The novel-split demo's three sets, a deterministic function of seed (each set from its own stream, so one
     size does not change another set's draws); every set holds distinct chains (chain_key), of its ops range and
     mix (MIXES: "one" = only additions or only subtractions, "both" = both kinds in one chain); restate: each
-    worked-solution line starts with the clause it computes (synthetic_problem):
+    worked-solution line starts with the clause it computes (synthetic_problem). The defaults are configs/demo.py's:
     - warm: warm_size problems with worked solutions (the SFT warm start);
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;

@@ -211,7 +211,7 @@ def validate(cfg: TrainConfig):
          f"algorithm={cfg.algorithm!r} runs in one process only (its steps do not split over ranks); run it without "
          f"torchrun (WORLD_SIZE={world_size()})")
     need(not cfg.init_from or cfg.resume or os.path.isfile(cfg.init_from),
-         f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_novel/sft.pt)")
+         f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_warm/sft.pt)")
     need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
          f"reward_weights must be finite numbers, got {cfg.reward_weights}")
     need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")

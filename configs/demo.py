@@ -1,40 +1,50 @@
-# The offline demo: the R1 pipeline in miniature on a laptop CPU, no network, about 8 minutes.
-#   python train.py configs/demo.py
+# The offline demo (issue 12): RL from final answers alone, on problems whose worked solutions no training data
+# holds, against supervised baselines that see the same answers. No network, no GPU.
+#   python train.py configs/demo.py                    # the warm start, then 100 GRPO steps
+# The comparison starts every method from one warm start (init_from), so they differ only in the update:
+#   python train.py configs/demo.py --max_steps=0 --out_dir=out/demo_warm                          # the warm start
+#   python train.py configs/demo.py --init_from=out/demo_warm/sft.pt --out_dir=out/demo_grpo       # GRPO
+#   python train.py configs/demo.py configs/demo_rft.py --init_from=out/demo_warm/sft.pt            # and the baselines:
+#   python train.py configs/demo.py configs/demo_sft_answers.py --init_from=out/demo_warm/sft.pt    #   demo_rft.py,
+#   python train.py configs/demo.py configs/demo_sft_more.py --init_from=out/demo_warm/sft.pt       #   demo_sft_*.py
 #
-# A 0.8M-parameter model of model.py's Qwen2 shape, trained from scratch on one character per token, solves
-# synthetic word problems written in GSM8K's format ("Tom has 7 apples. He buys 3 more and gives away 4. ...",
-# worked solution, "#### 6"). A short supervised warm start teaches the <think>...</think> <answer>...</answer>
-# layout and some arithmetic; GRPO then improves it with the same rewards, sampler and loss as configs/gsm8k.py.
-# Held-out pass@1 (greedy, questions the run never trains on) is printed after the warm start and during GRPO.
+# A 0.8M-parameter model of model.py's Qwen2 shape, one character per token, trained from scratch on synthetic word
+# problems in GSM8K's format. Three sets drawn from the seed by data.demo_split (dataset = "demo"):
+# - warm start: WITH worked solutions ("sells 4: 27-4=23"), the only solutions the model ever sees;
+# - RL: question and final answer only, a family the warm start never saw;
+# - held-out: the RL family, each chain (start, operations, operands) new: in neither set above, nor repeated.
 model = "scratch"
-model_args = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=352, max_seq_len=256)
+model_args = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=352, max_seq_len=288)
 tokenizer = "char"
 template = "plain"  # "Question: ...\nAnswer: <think>": the R1-Zero system prompt would triple the sequence length
-dataset = "synthetic"
+dataset = "demo"
+synthetic_warm_size = 5000
 synthetic_train_size = 5000
-synthetic_eval_size = 200
-synthetic_args = {"max_operand": 9}  # 1-3 additions/subtractions of 1..9: learnable from scratch in minutes
-eval_size = 200
+synthetic_eval_size = 300
+# the warm start sees chains of one kind (only additions, or only subtractions); RL and held-out chains mix both
+synthetic_args = {"warm_ops": (1, 4), "warm_mix": "one", "rl_ops": (2, 3), "rl_mix": "both", "max_operand": 9,
+                  "max_start": 50, "restate": True}
+eval_size = 300
 
-# warm start: stopped on purpose while arithmetic is still shaky, so GRPO has something to fix
-sft_steps = 300
+algorithm = "grpo"  # the baselines' configs change this and out_dir only
+sft_steps = 500
 sft_batch_size = 64
 sft_lr = 1e-3
 
 group_size = 8
 prompts_per_step = 16
-max_new_tokens = 64
+max_new_tokens = 128  # a 4-line restated solution and its answer take about 110 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
-beta = 0.04
-max_steps = 150
-lr = 5e-5  # 2e-4 undoes the warm start within 25 steps: noisy policy gradients + Adam's per-weight step size
+beta = 0.0  # no KL anchor, as the baselines have none (at beta 0.04 GRPO gained less: see the README)
+max_steps = 100
+lr = 1e-4  # every method's: 1e-3 (the warm start's) made RFT stop writing answers
 warmup_steps = 5
 micro_batch_size = 128
 
-eval_every = 25
-eval_batch_size = 200
-sample_every = 25
-checkpoint_every = 50
+eval_every = 20
+eval_batch_size = 300
+sample_every = 10
+checkpoint_every = 0
 out_dir = "out/demo"
 device = "cpu"  # the README's numbers are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
 seed = 1337

@@ -30,17 +30,18 @@ def solution_lines(row: dict) -> list[str]:
 
 
 def demo_config(*files, **overrides):
-    cfg = load_config([os.path.join(ROOT, "configs", name) for name in ("demo_novel.py",) + files])
+    cfg = load_config([os.path.join(ROOT, "configs", name) for name in ("demo.py",) + files])
     return dataclasses.replace(cfg, **overrides)
 
 # -----------------------------------------------------------------------------
 # the split
 
 
-CROWDED = dict(warm_ops=(1, 3), rl_ops=(2, 3), max_operand=4, max_start=4)  # overlapping lengths, few chains
+# overlapping lengths, few chains
+CROWDED = dict(warm_ops=(1, 3), rl_ops=(2, 3), max_operand=4, max_start=4, warm_mix="any", rl_mix="any")
 
 
-@pytest.mark.parametrize("which", ["configs/demo_novel.py", "crowded"])
+@pytest.mark.parametrize("which", ["configs/demo.py", "crowded"])
 def test_heldout_chains_occur_in_neither_the_warm_start_nor_the_rl_set(which):
     if which == "crowded":
         ops, (warm, rl, heldout) = CROWDED, demo_split(5, warm_size=800, rl_size=300, heldout_size=100, **CROWDED)
@@ -67,7 +68,8 @@ def test_the_mix_keys_choose_chains_of_one_kind_or_of_both():
     kinds = lambda row: {SIGN[verb] for verb, _ in CLAUSE.findall(row["question"])}
     assert all(len(kinds(r)) == 1 for r in warm) and all(kinds(r) == {"+", "-"} for r in rl + heldout)
     assert {"+"} in map(kinds, warm) and {"-"} in map(kinds, warm)
-    free = demo_split(4, warm_size=300, rl_size=300, heldout_size=100, warm_ops=(1, 4), rl_ops=(2, 4))
+    free = demo_split(4, warm_size=300, rl_size=300, heldout_size=100, warm_ops=(1, 4), rl_ops=(2, 4),
+                      warm_mix="any", rl_mix="any")
     assert any(len(kinds(r)) == 2 for r in free[0]) and any(len(kinds(r)) == 1 for r in free[1])
     with pytest.raises(ValueError, match="rl_mix must be one of .*'both' needs 2 or more operations"):
         demo_split(1, rl_ops=(1, 1), rl_mix="both")
@@ -96,7 +98,7 @@ def test_rl_and_heldout_rows_carry_the_answer_only():
 def test_a_family_too_small_for_novel_heldout_chains_is_named():
     with pytest.raises(ValueError, match=r"found only \d+ of 100 held-out problems with a new chain"):
         demo_split(1, warm_size=10, rl_size=10, heldout_size=100, warm_ops=(2, 2), rl_ops=(1, 1), max_operand=3,
-                   max_start=3)
+                   max_start=3, warm_mix="any", rl_mix="any")
     with pytest.raises(ValueError, match=r"rl_ops must be \(min, max\)"):
         demo_split(1, rl_ops=(4, 3))
 
@@ -106,7 +108,10 @@ def test_data_cli_writes_the_sets_train_py_uses(tmp_path):
     data_main(["demo", "--seed", str(cfg.seed), "--warm_size", str(cfg.synthetic_warm_size), "--rl_size",
                str(cfg.synthetic_train_size), "--heldout_size", str(cfg.synthetic_eval_size), "--out", str(tmp_path)]
               + [f"--{k}={v}" for k, v in cfg.synthetic_args.items()])
-    assert list(train.load_problems(cfg)) == [load_gsm8k(str(tmp_path), name) for name in ("warm", "rl", "heldout")]
+    sets = [load_gsm8k(str(tmp_path), name) for name in ("warm", "rl", "heldout")]
+    assert list(train.load_problems(cfg)) == sets
+    data_main(["demo", "--out", str(tmp_path / "defaults")])  # the docstring's command: its defaults are the demo's
+    assert [load_gsm8k(str(tmp_path / "defaults"), name) for name in ("warm", "rl", "heldout")] == sets
 
 # -----------------------------------------------------------------------------
 # runs
@@ -162,7 +167,7 @@ def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
         return real_sft(model, prompts, targets, *args)
     monkeypatch.setattr(train, "sample_and_score", known_correctness)
     monkeypatch.setattr(train, "sft_loss_backward", record_targets)
-    train.train(tiny_config(tmp_path, "demo_novel_rft.py", sft_steps=0, eval_every=0))
+    train.train(tiny_config(tmp_path, "demo_rft.py", sft_steps=0, eval_every=0))
     assert len(sampled) == 2 and len(trained) == 1  # step 2 had nothing correct: no update
     assert trained[0][1] == [sampled[0].completions[0], sampled[0].completions[3]]
     with open(tmp_path / "log.jsonl") as f:
@@ -171,9 +176,9 @@ def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
     assert log[0]["loss"] > 0 and log[1]["loss"] is None and log[1]["grad_norm"] is None
 
 
-@pytest.mark.parametrize("files, algorithm", [((), "grpo"), (("demo_novel_rft.py",), "rft"),
-                                              (("demo_novel_sft_answers.py",), "sft_answers"),
-                                              (("demo_novel_sft_more.py",), "sft_more")])
+@pytest.mark.parametrize("files, algorithm", [((), "grpo"), (("demo_rft.py",), "rft"),
+                                              (("demo_sft_answers.py",), "sft_answers"),
+                                              (("demo_sft_more.py",), "sft_more")])
 def test_each_demo_config_runs_two_steps(tmp_path, monkeypatch, files, algorithm):
     real_sft, targets = train.sft_loss_backward, []
 
@@ -214,15 +219,16 @@ def test_an_unknown_algorithm_is_named(tmp_path):
 
 
 def test_only_grpo_keeps_a_reference_model(tmp_path):
-    for files, has_reference in (((), True), (("demo_novel_rft.py",), False)):
-        train.train(tiny_config(tmp_path / str(has_reference), *files, sft_steps=0, eval_every=0, max_steps=1))
+    for files, has_reference in (((), True), (("demo_rft.py",), False)):  # even with a KL weight, RFT has no use for one
+        train.train(tiny_config(tmp_path / str(has_reference), *files, sft_steps=0, eval_every=0, max_steps=1,
+                                beta=0.04))
         state = torch.load(tmp_path / str(has_reference) / "ckpt.pt", weights_only=True)
         assert (state["reference"] is not None) == has_reference
 
 
 def test_the_baselines_refuse_torchrun_and_grpo_accepts_it(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    for files in (("demo_novel_rft.py",), ("demo_novel_sft_answers.py",), ("demo_novel_sft_more.py",)):
+    for files in (("demo_rft.py",), ("demo_sft_answers.py",), ("demo_sft_more.py",)):
         with pytest.raises(ValueError, match=r"runs in one process only .*without torchrun \(WORLD_SIZE=2\)"):
             tiny_config(tmp_path, *files)
     assert tiny_config(tmp_path).algorithm == "grpo"  # validate() passes: GRPO splits its groups over the ranks
@@ -235,7 +241,7 @@ def test_init_from_starts_from_the_checkpoint_weights_without_a_warm_start(tmp_p
     train.train(tiny_config(tmp_path / "warm", max_steps=0, sft_steps=3))
     warm = torch.load(tmp_path / "warm" / "sft.pt", weights_only=True)["model"]
     monkeypatch.setattr(train, "warm_start", lambda *args: pytest.fail("init_from must skip the warm start"))
-    for files in ((), ("demo_novel_sft_answers.py",)):
+    for files in ((), ("demo_sft_answers.py",)):
         out = tmp_path / "_".join(files or ("grpo",))
         train.train(tiny_config(out, *files, init_from=str(tmp_path / "warm" / "sft.pt"), max_steps=0, seed=7,
                                 data_seed=1337))

@@ -1,5 +1,0 @@
-# Baseline: the warm start continued, more SFT on its own family (worked solutions), no RL question at all. Loaded
-# after configs/demo_novel.py. Each step is one supervised step on prompts_per_step * group_size warm-start problems.
-algorithm = "sft_more"
-lr = 1e-4
-out_dir = "out/demo_novel_sft_more"
