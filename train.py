@@ -134,6 +134,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda if available) | "cuda" | "cpu"
     dtype: str = "auto"  # compute dtype of forward passes: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" | "float32"
     sharding: str = "ddp"  # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
+    threads: int = 0  # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
 
     def __post_init__(self):
         hints = typing.get_type_hints(TrainConfig)
@@ -175,7 +176,7 @@ def validate(cfg: TrainConfig):
                 "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size"):
         need(getattr(cfg, key) >= 1, f"{key} must be >= 1, got {getattr(cfg, key)}")
     for key in ("max_steps", "warmup_steps", "sft_steps", "synthetic_warm_size", "eval_every", "eval_size",
-                "sample_every", "checkpoint_every", "ref_reset_every", "beta", "weight_decay", "grad_clip"):
+                "sample_every", "checkpoint_every", "ref_reset_every", "beta", "weight_decay", "grad_clip", "threads"):
         need(getattr(cfg, key) >= 0, f"{key} must be >= 0, got {getattr(cfg, key)}")
     need(cfg.temperature > 0, f"temperature must be > 0, got {cfg.temperature}: GRPO needs the log-probs of a "
                               "sampling distribution (temperature 0 is greedy decoding)")
@@ -521,6 +522,8 @@ def step_function(algorithm: str):
 
 def setup(cfg: TrainConfig) -> Run:
     """Load data, tokenizer and model; a new run does the warm start, a resumed one loads ckpt.pt."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     device, dtype = resolve_device(cfg.device, cfg.dtype)
     device = init_distributed(device)
     # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)

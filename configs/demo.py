@@ -47,4 +47,5 @@ sample_every = 10
 checkpoint_every = 0
 out_dir = "out/demo"
 device = "cpu"  # the README's numbers are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
+threads = 1  # CPU sums depend on the thread count: with 2 threads the same seed gives another warm start (README)
 seed = 1337
