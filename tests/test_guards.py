@@ -63,6 +63,7 @@ def test_resume_keeps_the_checkpoint_config_and_allows_only_safe_changes(tmp_pat
     (dict(model_args={"dimm": 16}), r"model_args has unknown key\(s\) \['dimm'\]"),
     (dict(synthetic_args={"max_operands": 9}), r"synthetic_args has unknown key\(s\) \['max_operands'\]"),
     (dict(checkpoint_every=-1), "checkpoint_every must be >= 0"),
+    (dict(threads=-2), "threads must be >= 0"),
     (dict(eval_size=0, eval_every=5), "eval_size=0 with eval_every > 0"),
     (dict(tokenizer=""), "model='scratch' needs a tokenizer"),
     (dict(template="chatty"), "unknown prompt template 'chatty'"),

@@ -77,6 +77,18 @@ def test_two_steps_resume_one_more_equals_three_steps(tiny_qwen, gsm8k_dir, tmp_
         assert json.load(f)["max_steps"] == 3
 
 
+def test_threads_pins_torchs_cpu_threads(tiny_qwen, gsm8k_dir, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        train.setup(tiny_run(tiny_qwen, gsm8k_dir, str(tmp_path / "default")))  # 0: torch's own setting is left alone
+        assert torch.get_num_threads() == 2
+        train.setup(tiny_run(tiny_qwen, gsm8k_dir, str(tmp_path / "one"), threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_config_file_and_overrides(tmp_path):
     path = tmp_path / "cfg.py"
     path.write_text("import math\nlr = 3e-4\n_private = 1\nmax_steps = 2 ** 3\n")
