@@ -67,8 +67,12 @@ def update_on_rank(rank: int, sharding: str, out: str, rendezvous: str):
         if rank == 0:
             torch.save(result, out)
         dist.barrier()  # leave together: a gloo rank that tears down while another still works can abort
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # the result is on disk: exit without gloo's teardown, which now and then aborted a rank after the FSDP2 update
+    # ("terminate called without an active exception", about 1 run in 8 on the 2-core CI machine)
+    os._exit(0)
 
 
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
