@@ -3,7 +3,7 @@ What goes into the model as text and tokens: GSM8K files, prompt templates, toke
 GSM8K-format word-problem generator for the offline demo.
 
     python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
-    python data.py synthetic --n 200 --seed 1 --out data/synthetic/test.jsonl   # a held-out set for eval.py
+    python data.py synthetic --n 200 --max-operand 9 --out data/synthetic/test.jsonl   # demo_same_family.py's family
     python data.py demo --seed 1337 --out data/demo        # configs/demo.py's warm, RL and held-out sets
 
 Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose last
