@@ -136,6 +136,11 @@ class TrainConfig:
     sharding: str = "ddp"  # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
     threads: int = 0  # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
 
+    @property
+    def warm_starts(self) -> bool:
+        """This run begins with the supervised warm start (a new run; init_from starts from a checkpoint instead)."""
+        return self.sft_steps > 0 and not self.init_from
+
     def __post_init__(self):
         hints = typing.get_type_hints(TrainConfig)
         for f in dataclasses.fields(self):
@@ -292,8 +297,7 @@ def load_problems(cfg: TrainConfig) -> tuple[list[dict], list[dict], list[dict]]
         raise ValueError(f"{names[0]} is empty: nothing to train on")
     if not heldout and cfg.eval_every > 0:
         raise ValueError(f"{names[1]} is empty: nothing to evaluate (set eval_every=0 to train without evaluation)")
-    warms_up = (cfg.sft_steps > 0 and not cfg.init_from) or cfg.algorithm == "sft_more"
-    if warms_up and not (warm and all(map(has_worked_solution, warm))):
+    if (cfg.warm_starts or cfg.algorithm == "sft_more") and not (warm and all(map(has_worked_solution, warm))):
         raise ValueError("the warm start needs worked solutions: its set is empty or has a row with only '#### N'")
     return warm, problems, heldout
 
@@ -535,6 +539,10 @@ def setup(cfg: TrainConfig) -> Run:
         problems = warm
     rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)  # once per run, before any work
     prompts = [encode_prompt(tokenizer, p["question"], cfg.template) for p in problems]
+    warm_prompts = []  # the warm start's prompts, when this run does one
+    if state is None and cfg.warm_starts:
+        warm_prompts = prompts if warm is problems else [encode_prompt(tokenizer, p["question"], cfg.template)
+                                                         for p in warm]
     if state is not None:
         policy = model_from_checkpoint(state)
     elif cfg.model == "scratch":
@@ -545,7 +553,8 @@ def setup(cfg: TrainConfig) -> Run:
     if policy.config.vocab_size < len(tokenizer):
         raise ValueError(f"the model's vocab_size {policy.config.vocab_size} is smaller than the tokenizer's "
                          f"{len(tokenizer)} tokens")
-    check_context(prompts + [encode_prompt(tokenizer, p["question"], cfg.template) for p in heldout],
+    check_context(prompts + (warm_prompts if warm_prompts is not prompts else []) +
+                  [encode_prompt(tokenizer, p["question"], cfg.template) for p in heldout],
                   cfg.max_new_tokens, policy.config.max_seq_len)
     if state is None and cfg.init_from:
         load_init_weights(policy, cfg, warm)
@@ -555,9 +564,7 @@ def setup(cfg: TrainConfig) -> Run:
         with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
 
-    if state is None and cfg.sft_steps > 0 and not cfg.init_from:  # the warm start: worked solutions, own optimizer
-        warm_prompts = prompts if warm is problems else [encode_prompt(tokenizer, p["question"], cfg.template)
-                                                         for p in warm]
+    if warm_prompts:  # the warm start: worked solutions, its own optimizer
         warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas), warm_prompts,
                    [sft_target(tokenizer, p) for p in warm], cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip,
                    cfg.micro_batch_size, tokenizer.pad_token_id, device, autocast, cfg.logprob_chunk, cfg.seed,
@@ -741,7 +748,7 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.eval_every > 0:
             summary["pass@1_start"] = held_out_eval(run, cfg)
         save_checkpoint(run, cfg, ckpt_path)  # a resume point after the warm start
-        if cfg.sft_steps > 0 and not cfg.init_from:  # eval.py can score the warm start alone after ckpt.pt moves on
+        if cfg.warm_starts:  # eval.py can score the warm start alone after ckpt.pt moves on
             save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
     main = rank() == 0  # under torchrun only rank 0 writes files and prints
     bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps, desc=cfg.algorithm,

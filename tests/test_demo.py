@@ -151,6 +151,19 @@ def test_a_warm_start_set_without_worked_solutions_is_refused(tmp_path, monkeypa
         train.train(cfg)
 
 
+def test_a_warm_start_prompt_longer_than_the_context_is_named_before_the_warm_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "warm_start", lambda *args: pytest.fail("the warm start ran"))
+    split = {"warm_ops": (6, 6), "warm_mix": "any", "rl_ops": (1, 1), "rl_mix": "any", "max_operand": 9,
+             "max_start": 50, "restate": True}  # warm questions of six clauses, RL and held-out of one
+    tiny = tiny_config(tmp_path, synthetic_args=split)
+    longest = max(len(format_prompt(r["question"], "plain")) for r in train.load_problems(tiny)[0])
+    cfg = dataclasses.replace(tiny, model_args={**tiny.model_args, "max_seq_len": longest + tiny.max_new_tokens - 1})
+    rl_and_heldout = train.load_problems(cfg)[1:]
+    assert max(len(format_prompt(r["question"], "plain")) for rows in rl_and_heldout for r in rows) < longest - 20
+    with pytest.raises(ValueError, match=rf"is {longest} tokens; with max_new_tokens={cfg.max_new_tokens}"):
+        train.train(cfg)
+
+
 def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
     real_sample, real_sft = train.sample_and_score, train.sft_loss_backward
     verdicts = {1: [1.0, 0.0, 0.0, 1.0], 2: [0.0, 0.0, 0.0, 0.0]}  # per step: 2 questions x 2 samples
