@@ -34,7 +34,7 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
     except ImportError:
         raise SystemExit("plot.py needs matplotlib: pip install matplotlib") from None
     if not out_dirs or (len(out_dirs) > 1 and not path):
-        raise ValueError("give one run's out_dir, or several and the path of the figure")
+        raise ValueError("give one run's out_dir, or several and the path of the figure (--out PATH)")
     runs = []
     for out_dir in out_dirs:
         log, evals = read_log(os.path.join(out_dir, "log.jsonl")), read_log(os.path.join(out_dir, "eval.jsonl"))
@@ -94,6 +94,7 @@ if __name__ == "__main__":
     parser.add_argument("out_dirs", nargs="+", help="train.py out_dir(s)")
     parser.add_argument("--out", default="", help="the figure's path (needed for several runs)")
     args = parser.parse_args()
-    if len(args.out_dirs) > 1 and not args.out:
-        parser.error("several runs need --out PATH for their figure")
-    print(plot_runs(args.out_dirs, args.out))
+    try:
+        print(plot_runs(args.out_dirs, args.out))
+    except ValueError as error:  # several runs without --out
+        parser.error(str(error))
