@@ -26,7 +26,9 @@ import torch
 
 from model import Transformer, resolve_device
 from sample import generate
-from train import QuestionStream, Run, TrainConfig, grpo_step
+from config import TrainConfig
+from data import QuestionStream
+from train import Run, grpo_step
 
 SHAPES = {  # Qwen2.5 shapes (config.json of each checkpoint); "tiny" is for the CPU
     "tiny": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128),

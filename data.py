@@ -4,11 +4,12 @@ GSM8K-format word-problem generator for the offline demo.
 
     python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
     python data.py synthetic --n 200 --max-operand 9 --out data/synthetic/test.jsonl   # demo_same_family.py's family
-    python data.py demo --seed 1337 --out data/demo        # configs/demo.py's warm, RL and held-out sets
+    python data.py synthetic_split --seed 1337 --out data/demo   # configs/demo.py's warm, RL and held-out sets
 
 Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose last
-line is "#### N", and gold is that N as a string; an answer-only row (the novel-split demo's RL and held-out
-problems) has the solution "#### N" alone. On disk (GSM8K format) a row is {"question", "answer"}.
+line is "#### N", and gold is that N as a string; an answer-only row (synthetic_split's RL and held-out problems)
+has the solution "#### N" alone. On disk (GSM8K format) a row is {"question", "answer"}. QuestionStream is the order
+in which training draws them.
 """
 
 import argparse
@@ -79,6 +80,32 @@ def write_jsonl(rows: list[dict], path: str):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"question": row["question"], "answer": row["solution"]}) + "\n" for row in rows)
+
+
+class QuestionStream:
+    """The order in which training draws questions: indices in shuffled epochs from a seeded RNG; its whole state
+    goes into the checkpoint, so a resumed run draws what an uninterrupted one would."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.rng, self.order, self.cursor = n, random.Random(seed), [], 0
+
+    def next(self, k: int) -> list[int]:
+        picked = []
+        while len(picked) < k:
+            if self.cursor == len(self.order):
+                self.order, self.cursor = list(range(self.n)), 0
+                self.rng.shuffle(self.order)
+            take = min(k - len(picked), len(self.order) - self.cursor)
+            picked += self.order[self.cursor:self.cursor + take]
+            self.cursor += take
+        return picked
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate(), "order": self.order, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict):
+        self.rng.setstate(state["rng"])
+        self.order, self.cursor = list(state["order"]), state["cursor"]
 
 
 def check_sha256(payload: bytes, expected: str, source: str):
@@ -236,7 +263,7 @@ def stop_sequences(tokenizer, template_name: str) -> list[list[int]]:
     return sequences
 
 # -----------------------------------------------------------------------------
-# synthetic GSM8K-format word problems, and the novel-split demo's warm-start, RL and held-out families
+# synthetic GSM8K-format word problems, and synthetic_split's warm-start, RL and held-out families
 
 PEOPLE = (("Tom", "He"), ("Anna", "She"), ("Sam", "He"), ("Mia", "She"), ("Leo", "He"), ("Zoe", "She"))
 THINGS = ("apples", "marbles", "stickers", "coins", "books", "pencils", "cookies", "shells")
@@ -331,10 +358,10 @@ def family_problems(n: int, rng: random.Random, exclude: set[str], ops: tuple, m
     return rows
 
 
-def demo_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldout_size: int = 300,
+def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldout_size: int = 300,
                warm_ops: tuple = (1, 4), rl_ops: tuple = (2, 3), warm_mix: str = "one", rl_mix: str = "both",
                max_operand: int = 9, max_start: int = 50, restate: bool = True) -> tuple[list, list, list]:
-    """The novel-split demo's three sets, a deterministic function of seed (each set from its own stream, so one
+    """dataset="synthetic_split": three sets, a deterministic function of seed (each set from its own stream, so one
     size does not change another set's draws); every set holds distinct chains (chain_key), of its ops range and
     mix (MIXES: "one" = only additions or only subtractions, "both" = both kinds in one chain); restate: each
     worked-solution line starts with the clause it computes (synthetic_problem). The defaults are configs/demo.py's:
@@ -359,6 +386,34 @@ def demo_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldout_si
     return warm, [answer_only(row) for row in rl], [answer_only(row) for row in heldout]
 
 
+def load_problems(cfg) -> tuple[list[dict], list[dict], list[dict]]:
+    """The (warm-start, training, held-out) problem sets a train.py config names, each a list of rows
+    {"question", "solution", "gold"}. The warm start trains on the training problems, except with
+    dataset="synthetic_split": there it has its own family, and the training and held-out rows are answer only."""
+    if cfg.dataset == "gsm8k":  # a missing file raises FileNotFoundError naming the path and the download command
+        warm = problems = load_gsm8k(cfg.data_dir, cfg.train_split)
+        heldout = load_gsm8k(cfg.data_dir, cfg.eval_split)[:cfg.eval_size]
+        names = (os.path.join(cfg.data_dir, f"{cfg.train_split}.jsonl"), os.path.join(cfg.data_dir, f"{cfg.eval_split}.jsonl"))
+    elif cfg.dataset == "synthetic":  # different seeds for the two sets; a held-out question also in training is dropped
+        warm = problems = synthetic_problems(cfg.synthetic_train_size, seed=cfg.seed, **cfg.synthetic_args)
+        seen = {p["question"] for p in problems}
+        heldout = [p for p in synthetic_problems(cfg.synthetic_eval_size, seed=cfg.seed + 1, **cfg.synthetic_args)
+                   if p["question"] not in seen][:cfg.eval_size]
+        names = ("the synthetic training set", "the synthetic held-out set")
+    else:  # three families from one seed; no held-out chain occurs in the other two
+        split_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
+        warm, problems, heldout = synthetic_split(split_seed, cfg.synthetic_warm_size, cfg.synthetic_train_size,
+                                                  cfg.synthetic_eval_size, **cfg.synthetic_args)
+        heldout, names = heldout[:cfg.eval_size], ("synthetic_split's RL set", "synthetic_split's held-out set")
+    if not problems:
+        raise ValueError(f"{names[0]} is empty: nothing to train on")
+    if not heldout and cfg.eval_every > 0:
+        raise ValueError(f"{names[1]} is empty: nothing to evaluate (set eval_every=0 to train without evaluation)")
+    if (cfg.warm_starts or cfg.method == "sft_more") and not (warm and all(map(has_worked_solution, warm))):
+        raise ValueError("the warm start needs worked solutions: its set is empty or has a row with only '#### N'")
+    return warm, problems, heldout
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -371,14 +426,14 @@ def main(argv=None):
     synthetic.add_argument("--max-ops", type=int, default=3)
     synthetic.add_argument("--max-operand", type=int, default=20)
     synthetic.add_argument("--out", required=True, help="output .jsonl file")
-    demo = commands.add_parser("demo", help="write the novel-split demo's warm.jsonl, rl.jsonl and heldout.jsonl "
-                                            "(data.demo_split, as train.py builds them with dataset='demo')")
-    split_defaults = {k: p.default for k, p in inspect.signature(demo_split).parameters.items() if k != "seed"}
-    demo.add_argument("--seed", type=int, default=1337, help="train.py's seed")
+    split = commands.add_parser("synthetic_split", help="write synthetic_split's warm.jsonl, rl.jsonl and "
+                                "heldout.jsonl, as train.py builds them with dataset='synthetic_split'")
+    split_defaults = {k: p.default for k, p in inspect.signature(synthetic_split).parameters.items() if k != "seed"}
+    split.add_argument("--seed", type=int, default=1337, help="train.py's seed")
     for key, default in split_defaults.items():
-        demo.add_argument(f"--{key}", type=type(default) if type(default) in (int, str) else ast.literal_eval,
-                          default=default, help=f"default {default!r}")
-    demo.add_argument("--out", required=True, help="output directory")
+        split.add_argument(f"--{key}", type=type(default) if type(default) in (int, str) else ast.literal_eval,
+                           default=default, help=f"default {default!r}")
+    split.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)
     if args.command == "gsm8k":
         download_gsm8k(args.out)
@@ -387,7 +442,7 @@ def main(argv=None):
         write_jsonl(rows, args.out)
         print(f"wrote {args.n} problems to {args.out}")
     else:
-        sets = demo_split(args.seed, **{key: getattr(args, key) for key in split_defaults})
+        sets = synthetic_split(args.seed, **{key: getattr(args, key) for key in split_defaults})
         for name, rows in zip(("warm", "rl", "heldout"), sets):
             write_jsonl(rows, os.path.join(args.out, f"{name}.jsonl"))
             print(f"wrote {len(rows)} problems to {os.path.join(args.out, name + '.jsonl')}")

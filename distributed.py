@@ -12,7 +12,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from eval import Samples
 from model import Transformer
 
 
@@ -106,13 +105,13 @@ def from_every_rank(obj) -> list:
     return objs
 
 
-def all_samples(samples: Samples) -> Samples:
-    """Every rank's samples in rank order, i.e. the whole step's rows; timings are the slowest rank's."""
+def all_samples(samples):
+    """Every rank's rollout.Samples in rank order, i.e. the whole step's rows; timings are the slowest rank's."""
     if not dist.is_initialized():
         return samples
     parts, merged = [vars(part) for part in from_every_rank(samples)], {}
     for key, value in parts[0].items():
-        if value is None:  # steps, without process supervision
+        if value is None:  # claims, without process supervision
             merged[key] = None
         elif isinstance(value, list):
             merged[key] = [x for part in parts for x in part[key]]
@@ -120,4 +119,4 @@ def all_samples(samples: Samples) -> Samples:
             merged[key] = {name: [x for part in parts for x in part[key][name]] for name in value}
         else:  # seconds: the step waits for the slowest rank
             merged[key] = max(part[key] for part in parts)
-    return Samples(**merged)
+    return type(samples)(**merged)

@@ -7,58 +7,21 @@ Held-out evaluation: pass@1 (greedy, or the mean over n samples) with its standa
 --model takes a Hugging Face name or directory, or a train.py checkpoint (.pt: its saved config gives the model
 shape, tokenizer, template and max_new_tokens; train.py writes the run's held-out questions to
 OUT_DIR/heldout.jsonl). Every completion is written with its verdict to OUT/completions.jsonl and the figures to
-OUT/summary.json. sample_and_score() is also the rollout of train.py: one path from tokens to rewards.
+OUT/summary.json. Completions are sampled and scored by rollout.sample_and_score, as in training.
 """
 import argparse
 import json
 import math
 import os
-import time
-from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
-from data import encode_prompt, load_gsm8k_file, load_tokenizer, response_prefix, stop_sequences, stop_token_ids
-from model import ModelConfig, Transformer, resolve_device
-from rewards import extract_answer, score_completions, step_rewards
-from sample import generate
-
-
-@dataclass
-class Samples:
-    """Completions of a batch of prompts, decoded and scored; row i answers prompts[i]."""
-    completions: list[list[int]]  # generated token ids, stop token included
-    texts: list[str]  # decoded completions, without a final end-of-text token (a final "</answer>" is kept)
-    stopped: list[bool]  # False: cut at max_new_tokens
-    rewards: list[float]  # weighted sum of the reward components
-    components: dict[str, list[float]]  # each reward, unweighted; "correctness" and "format" always present
-    seconds_sampling: float  # generate, to the tokens on the host
-    seconds_scoring: float  # decoding and rewards
-    steps: list[list[tuple[int, float]]] | None = None  # process=True: (token index of a step's end, reward) per step
-
-
-def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: str,
-                     max_new_tokens: int, temperature: float, seed: int | list[int], weights: dict[str, float],
-                     top_p: float = 1.0, top_k: int = 0, questions: list[str] | None = None, functions=None,
-                     process: bool = False) -> Samples:
-    """Sample one completion per prompt, ending at an end-of-text token or "</answer>", decode it and score it against
-    its gold answer: weights names the rewards, functions holds the loaded ones (reward_models.load_rewards),
-    questions the problems' text they may read. process: also the step rewards of process supervision."""
-    end_of_text, start = set(stop_token_ids(tokenizer)), time.perf_counter()
-    rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                       stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id)
-    tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
-    completions, sampled = [row[:n] for row, n in zip(tokens, lengths)], time.perf_counter()
-    texts = [tokenizer.decode(c[:-1] if c[-1] in end_of_text else c) for c in completions]  # "</answer>" is kept
-    prefix = response_prefix(template)  # the prompt ends in "<think>": the format reward judges the whole response
-    # accuracy and format are measured whatever the weights; a 0 weight keeps them out of the reward
-    rewards, components = score_completions([prefix + t for t in texts], golds, [not s for s in stopped],
-                                            {"correctness": 0.0, "format": 0.0, **weights}, questions, functions)
-    steps = [step_rewards(text, ids, tokenizer.decode, truncated=not stop)
-             for text, ids, stop in zip(texts, completions, stopped)] if process else None
-    return Samples(completions, texts, stopped, rewards, components, sampled - start, time.perf_counter() - sampled,
-                   steps)
+from checkpoint import load_model
+from data import encode_prompt, load_gsm8k_file, response_prefix
+from model import resolve_device
+from rewards import extract_answer
+from rollout import rollout_seed, sample_and_score
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -118,8 +81,7 @@ def score_questions(model, tokenizer, rows: list[dict], template: str, n: int, t
                       dynamic_ncols=True):
         chunk = order[start:start + per_batch]
         # sampled: a seed per (question, sample), so the result does not depend on batch_size; greedy needs none
-        seeds = [(seed * 1_000_003 + i * n + s) % 2 ** 31 for i in chunk for s in range(n)] if temperature > 0 \
-            else seed
+        seeds = [rollout_seed(seed, i * n + s) for i in chunk for s in range(n)] if temperature > 0 else seed
         samples = sample_and_score(model, tokenizer, [prompts[i] for i in chunk for _ in range(n)],
                                    [rows[i]["gold"] for i in chunk for _ in range(n)], template, max_new_tokens,
                                    temperature, seeds, weights={}, top_p=top_p, top_k=top_k)
@@ -154,45 +116,6 @@ def write_completions(records: list[dict], path: str):
                      for r in records for s in r["samples"])
 
 
-def read_checkpoint(path: str, device="cpu") -> dict:
-    """A train.py checkpoint as a dict, or an error that names the file and what is wrong with it."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path} not found")
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:  # torch raises EOFError, UnpicklingError, RuntimeError... for damaged files
-        raise ValueError(f"checkpoint {path} cannot be read ({type(error).__name__}: {error}); it is damaged or "
-                         "not a train.py checkpoint") from None
-    missing = {"model", "model_config", "config", "step"} - (set(state) if isinstance(state, dict) else set())
-    if missing:
-        raise ValueError(f"checkpoint {path} is not a train.py checkpoint: it lacks {sorted(missing)}")
-    return state
-
-
-def model_from_checkpoint(state: dict) -> Transformer:
-    """The fp32 model saved in a train.py checkpoint dict, with its LoRA adapters if the run had them."""
-    model, run = Transformer(ModelConfig(**state["model_config"])), state["config"]
-    if run.get("lora_rank", 0) > 0:
-        model.add_lora(run["lora_rank"], run["lora_alpha"], run["lora_dropout"], tuple(run["lora_targets"]))
-    model.load_state_dict(state["model"])
-    return model
-
-
-def load_model(name: str, device, dtype, tokenizer_name: str = "", gguf_file: str = ""):
-    """(model, tokenizer, run config) from a train.py checkpoint (.pt) or a Hugging Face name/directory (with
-    gguf_file: a GGUF file in it); the run config is the checkpoint's TrainConfig as a dict ({} for Hugging Face
-    models): it supplies eval defaults."""
-    if name.endswith(".pt"):
-        state = read_checkpoint(name)
-        model, run_config = model_from_checkpoint(state), state["config"]
-        name, gguf_file, tokenizer_name = run_config["model"], run_config["gguf_file"], tokenizer_name or run_config["tokenizer"]
-    else:
-        model, run_config = Transformer.from_pretrained(name, dtype=dtype, gguf_file=gguf_file or None), {}
-    # the model's own tokenizer unless one is named (a GGUF file carries its own)
-    tokenizer = load_tokenizer(tokenizer_name) if tokenizer_name else load_tokenizer(name, gguf_file=gguf_file or None)
-    return model.to(device=device, dtype=dtype), tokenizer, run_config
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="Hugging Face name or dir, or a train.py checkpoint (.pt)")
@@ -225,7 +148,8 @@ def main(argv=None):
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     rows = load_gsm8k_file(args.data)[:args.limit or None]
     device, dtype = resolve_device(args.device)
-    model, tokenizer, run_config = load_model(args.model, device, dtype, args.tokenizer, args.gguf_file)
+    model, tokenizer, run_config = load_model(args.model, dtype, args.tokenizer, args.gguf_file)
+    model.to(device)
     template = args.template or run_config.get("template", "r1_zero")
     max_new_tokens = args.max_new_tokens or run_config.get("max_new_tokens", 512)
     if args.model.endswith(".pt"):  # out/demo/ckpt.pt -> out/demo/ckpt_eval: beside the run it scores

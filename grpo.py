@@ -56,31 +56,32 @@ def zero_std_group_fraction(rewards, group_size):
     return (grouped == grouped[:, :1]).all(dim=1).float().mean()
 
 
-def process_advantages(step_rewards, step_ends, group_size, seq_len, step_mask=None, eps=1e-6):
-    """Process-supervision advantages (DeepSeekMath sec. 4.1.3): per-token advantages [B, T] float32.
+def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mask=None, eps=1e-6):
+    """Process-supervision advantages (DeepSeekMath sec. 4.1.3): per-token advantages [B, T] float32. A reasoning
+    step here is an arithmetic claim (rewards.claim_rewards), any per-step reward fits.
 
-    step_rewards [B, S] float: reward of each reasoning step, right-padded to S steps.
-    step_ends [B, S] long: completion-token index (0 .. seq_len-1) of each step's last token.
-    step_mask [B, S] bool: which entries are real steps (default: all); padded entries are ignored.
+    claim_rewards [B, S] float: reward of each reasoning step, right-padded to S steps.
+    claim_ends [B, S] long: completion-token index (0 .. seq_len-1) of each step's last token.
+    claim_mask [B, S] bool: which entries are real steps (default: all); padded entries are ignored.
     All real steps of a group are normalised together, (r - mean) / (unbiased std + eps); token t then gets
     the sum of the normalised rewards of its sequence's steps that end at or after t (0 after the last step).
     A group whose step rewards are all equal gets exactly 0.
     """
-    if step_rewards.shape != step_ends.shape or step_rewards.dim() != 2:
-        raise ValueError(f"step_rewards {tuple(step_rewards.shape)} and step_ends {tuple(step_ends.shape)} "
+    if claim_rewards.shape != claim_ends.shape or claim_rewards.dim() != 2:
+        raise ValueError(f"claim_rewards {tuple(claim_rewards.shape)} and claim_ends {tuple(claim_ends.shape)} "
                          "must both be [B, S]")
-    if group_size < 1 or step_rewards.shape[0] % group_size:
-        raise ValueError(f"batch of {step_rewards.shape[0]} sequences is not a whole number of groups of size "
+    if group_size < 1 or claim_rewards.shape[0] % group_size:
+        raise ValueError(f"batch of {claim_rewards.shape[0]} sequences is not a whole number of groups of size "
                          f"{group_size}")
-    step_mask = torch.ones_like(step_ends, dtype=torch.bool) if step_mask is None else step_mask.bool()
-    if step_mask.shape != step_ends.shape:
-        raise ValueError(f"step_mask has shape {tuple(step_mask.shape)}, step_ends has {tuple(step_ends.shape)}")
-    real_ends = step_ends[step_mask]
+    claim_mask = torch.ones_like(claim_ends, dtype=torch.bool) if claim_mask is None else claim_mask.bool()
+    if claim_mask.shape != claim_ends.shape:
+        raise ValueError(f"claim_mask has shape {tuple(claim_mask.shape)}, claim_ends has {tuple(claim_ends.shape)}")
+    real_ends = claim_ends[claim_mask]
     if real_ends.numel() and (real_ends.min() < 0 or real_ends.max() >= seq_len):
-        raise ValueError(f"step_ends must lie in [0, {seq_len - 1}], got {real_ends.min()} .. {real_ends.max()}")
-    group_steps = group_size * step_rewards.shape[1]
-    weights = step_mask.reshape(-1, group_steps).float()  # [n_groups, G * S]
-    rewards = step_rewards.float().reshape(-1, group_steps).masked_fill(weights == 0, 0.0)  # padding may be nan
+        raise ValueError(f"claim_ends must lie in [0, {seq_len - 1}], got {real_ends.min()} .. {real_ends.max()}")
+    group_steps = group_size * claim_rewards.shape[1]
+    weights = claim_mask.reshape(-1, group_steps).float()  # [n_groups, G * S]
+    rewards = claim_rewards.float().reshape(-1, group_steps).masked_fill(weights == 0, 0.0)  # padding may be nan
     count = weights.sum(dim=1, keepdim=True)
     mean = rewards.sum(dim=1, keepdim=True) / count.clamp(min=1)
     var = ((rewards - mean) ** 2 * weights).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
@@ -89,8 +90,8 @@ def process_advantages(step_rewards, step_ends, group_size, seq_len, step_mask=N
     highest = rewards.masked_fill(weights == 0, float("-inf")).amax(dim=1, keepdim=True)
     normalised = torch.where((lowest == highest) | (weights == 0), torch.zeros_like(normalised), normalised)
     # drop each step's value at its last token, then a reverse cumulative sum gives "steps ending at or after t"
-    at_end = torch.zeros(step_rewards.shape[0], seq_len, dtype=torch.float32, device=step_rewards.device)
-    at_end.scatter_add_(1, torch.where(step_mask, step_ends, 0), normalised.view(step_rewards.shape))
+    at_end = torch.zeros(claim_rewards.shape[0], seq_len, dtype=torch.float32, device=claim_rewards.device)
+    at_end.scatter_add_(1, torch.where(claim_mask, claim_ends, 0), normalised.view(claim_rewards.shape))
     return at_end.flip(1).cumsum(1).flip(1)
 
 

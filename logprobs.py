@@ -17,7 +17,7 @@ class MicroBatch:
     attention_mask: torch.Tensor  # [b, P + N] bool: real tokens
     mask: torch.Tensor  # [b, N] bool: completion tokens, stop token included
     prompt_width: int  # P
-    advantages: torch.Tensor  # [b] float32
+    advantages: torch.Tensor  # [b] float32, or [b, N] per token
     old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
     ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
 
@@ -36,14 +36,17 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
 
 def make_micro_batches(prompts, completions, advantages, size: int, pad_id: int, device) -> list[MicroBatch]:
     """Split rows into micro-batches of `size` rows of similar total length (less padding). Any split is exact
-    because the loss normalisers are whole-batch; rows are reordered, so keep per-row data in the MicroBatch."""
+    because the loss normalisers are whole-batch; rows are reordered, so keep per-row data in the MicroBatch.
+    advantages: [B] (one per completion) or [B, T] (per token, T >= the longest completion): a micro-batch keeps its
+    rows and, per token, its own N completion columns."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
     batches = []
     for start in range(0, len(order), size):
         rows = order[start:start + size]
         ids, attention_mask, mask, width = pack([prompts[i] for i in rows], [completions[i] for i in rows], pad_id)
+        batch_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, :mask.shape[1]]
         batches.append(MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width,
-                                  advantages[rows].to(device)))
+                                  batch_advantages.to(device)))
     return batches
 
 

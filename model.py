@@ -12,6 +12,9 @@ cache, S = cache length with one) and positions default to the count of real tok
 
 LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives back
 the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint, adapters folded in.
+
+The optimizer: configure_optimizer() (AdamW over fp32 master weights), warmup_lr() and optimizer_step() (clipped,
+refusing a non-finite gradient), the update every training step of train.py, sft.py and baselines.py ends with.
 """
 import json
 import math
@@ -468,6 +471,26 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.dev
     if dtype == "auto":
         return resolved, torch.bfloat16 if resolved.type == "cuda" else torch.float32
     return resolved, getattr(torch, dtype)
+
+
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
+    return lr * min(1.0, step / max(1, warmup_steps))
+
+
+def optimizer_step(model, optimizer, lr: float, grad_clip: float) -> torch.Tensor:
+    """The update every training step ends with (warm start, GRPO, the baselines): clip the global grad norm to
+    grad_clip (0 = no clipping), step, zero the grads; returns the norm before clipping. A non-finite norm raises
+    FloatingPointError before the update, so the weights stay as they were."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    if not torch.isfinite(norm):  # one host sync per update: the price of never writing nan weights
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"gradient norm is {norm.item()}")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 def _download(name: str) -> str:

@@ -1,6 +1,6 @@
 """
 Rule-based rewards for R1-Zero-style RL on math word problems: the final answer's correctness, the layout, and the
-arithmetic claims a solution makes along the way (process supervision's step rewards).
+arithmetic claims a solution makes along the way (the reasoning steps of process supervision).
 
 The reward is the only teacher, so every rule below leans towards 0.0 when in doubt: a false positive
 teaches the policy to cheat, a false negative only slows it down. Parsing is hand-written (no regex,
@@ -522,7 +522,7 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
     return totals, components
 
 # -----------------------------------------------------------------------------
-# process supervision: every arithmetic claim is a step, checked exactly
+# process supervision: every arithmetic claim is a reasoning step, checked exactly
 
 CLAIM_OPERATORS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "x": "*", "\u00d7": "*", "/": "/", "\u00f7": "/"}
 ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
@@ -644,15 +644,15 @@ def token_ends(token_ids, decode, char_ends: list[int]) -> list[int]:
             for end in char_ends]
 
 
-def step_rewards(completion: str, token_ids, decode, truncated: bool = False) -> list[tuple[int, float]]:
+def claim_rewards(completion: str, token_ids, decode, truncated: bool = False) -> list[tuple[int, float]]:
     """
-    Process supervision's step rewards, rule-based: each arithmetic claim of the completion (arithmetic_claims) is a
-    step rewarded 1.0 if it holds and 0.0 if not, ending at the token that writes its last character.
+    Process supervision's rewards, rule-based: each arithmetic claim of the completion (arithmetic_claims) is a
+    reasoning step rewarded 1.0 if it holds and 0.0 if not, ending at the token that writes its last character.
     completion: the decoded completion, decode(token_ids) without a final end-of-text token; token_ids: the
     completion's tokens, stop token included; decode: the tokenizer's decode.
-    A completion that claims nothing, or was truncated, gets one step of reward 0.0 at its last token: no checkable
-    work earns what a wrong step earns, so leaving the arithmetic out never escapes a negative advantage.
-    Returns [(token index of the step's last token, reward)], in order.
+    A completion that claims nothing, or was truncated, gets one claim of reward 0.0 at its last token: no checkable
+    work earns what a wrong claim earns, so leaving the arithmetic out never escapes a negative advantage.
+    Returns [(token index of the claim's last token, reward)], in order.
     """
     claims = [] if truncated else arithmetic_claims(completion)
     if not claims:

@@ -1,11 +1,10 @@
-"""Supervised fine-tuning on worked solutions: the warm start (the SFT stage of the R1 pipeline), and the
-novel-split demo's supervised baselines (train.py's sft_step and rft_step update with sft_loss_backward).
+"""Supervised fine-tuning on worked solutions: the warm start (the SFT stage of the R1 pipeline); the supervised
+baselines of baselines.py update with the same loss, sft_loss_backward.
 
 The loss is next-token cross-entropy on the completion only (the prompt is context, not a target), averaged over
-every completion token of the batch. optimizer_step() and warmup_lr() are the update shared with the GRPO loop.
+every completion token of the batch.
 """
 import json
-import math
 import random
 
 import torch
@@ -13,6 +12,7 @@ from tqdm import tqdm
 
 from data import stop_token_ids
 from logprobs import completion_logprobs, make_micro_batches
+from model import optimizer_step, warmup_lr
 
 
 def sft_text(row: dict) -> str:
@@ -30,25 +30,6 @@ def sft_target(tokenizer, row: dict) -> list[int]:
     """The token ids an SFT step trains on for row: sft_text, then the first stop token (no BOS mid-row). An
     answer-only row ("#### N") gives "</think> <answer>N</answer>": no reasoning."""
     return tokenizer.encode(sft_text(row), add_special_tokens=False) + [stop_token_ids(tokenizer)[0]]
-
-
-def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
-    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
-    return lr * min(1.0, step / max(1, warmup_steps))
-
-
-def optimizer_step(model, optimizer, lr: float, grad_clip: float) -> torch.Tensor:
-    """Clip the global grad norm to grad_clip (0 = no clipping), step, zero the grads; returns the norm before
-    clipping. A non-finite norm raises FloatingPointError before the update, so the weights stay as they were."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-    if not torch.isfinite(norm):  # one host sync per update: the price of never writing nan weights
-        optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError(f"gradient norm is {norm.item()}")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
 
 
 def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device, autocast, chunk) -> torch.Tensor:

@@ -9,7 +9,7 @@
 #   python train.py configs/demo.py configs/demo_sft_more.py --init_from=out/demo_warm/sft.pt       #   demo_sft_*.py
 #
 # A 0.8M-parameter model of model.py's Qwen2 shape, one character per token, trained from scratch on synthetic word
-# problems in GSM8K's format. Three sets drawn from the seed by data.demo_split (dataset = "demo"):
+# problems in GSM8K's format. Three sets drawn from the seed by data.synthetic_split (dataset = "synthetic_split"):
 # - warm start: WITH worked solutions ("sells 4: 27-4=23"), the only solutions the model ever sees;
 # - RL: question and final answer only, a family the warm start never saw;
 # - held-out: the RL family, each chain (start, operations, operands) new: in neither set above, nor repeated.
@@ -17,7 +17,7 @@ model = "scratch"
 model_args = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=352, max_seq_len=288)
 tokenizer = "char"
 template = "plain"  # "Question: ...\nAnswer: <think>": the R1-Zero system prompt would triple the sequence length
-dataset = "demo"
+dataset = "synthetic_split"
 synthetic_warm_size = 5000
 synthetic_train_size = 5000
 synthetic_eval_size = 300
@@ -26,7 +26,7 @@ synthetic_args = {"warm_ops": (1, 4), "warm_mix": "one", "rl_ops": (2, 3), "rl_m
                   "max_start": 50, "restate": True}
 eval_size = 300
 
-algorithm = "grpo"  # the baselines' configs change this and out_dir only
+method = "grpo"  # the baselines' configs change this and out_dir only
 sft_steps = 500
 sft_batch_size = 64
 sft_lr = 1e-3

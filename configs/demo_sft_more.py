@@ -1,4 +1,4 @@
 # Baseline: the warm start continued, more SFT on its own family (worked solutions), no RL question at all. Loaded
 # after configs/demo.py. Each step is one supervised step on prompts_per_step * group_size warm-start problems.
-algorithm = "sft_more"
+method = "sft_more"
 out_dir = "out/demo_sft_more"

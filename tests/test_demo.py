@@ -1,4 +1,4 @@
-"""Issue 12's novel-split demo (dataset="demo"): three synthetic families (a warm start with worked solutions, RL and
+"""Issue 12's novel-split demo (dataset="synthetic_split"): three synthetic families (a warm start with worked solutions, RL and
 held-out answer only), a strictly novel held-out split, the baselines (RFT, answers-only SFT, more warm start) run by
 the same loop, and init_from, which starts every method from one shared warm start."""
 import dataclasses
@@ -9,8 +9,12 @@ import re
 import pytest
 import torch
 
+import baselines
+import data
+import rollout
 import train
-from data import CharTokenizer, chain_key, demo_split, format_prompt, load_gsm8k, main as data_main, synthetic_problems
+from data import (CharTokenizer, chain_key, format_prompt, load_gsm8k, load_problems, main as data_main, synthetic_problems,
+                  synthetic_split)
 from sft import sft_text
 from train import load_config
 
@@ -44,10 +48,10 @@ CROWDED = dict(warm_ops=(1, 3), rl_ops=(2, 3), max_operand=4, max_start=4, warm_
 @pytest.mark.parametrize("which", ["configs/demo.py", "crowded"])
 def test_heldout_chains_occur_in_neither_the_warm_start_nor_the_rl_set(which):
     if which == "crowded":
-        ops, (warm, rl, heldout) = CROWDED, demo_split(5, warm_size=800, rl_size=300, heldout_size=100, **CROWDED)
+        ops, (warm, rl, heldout) = CROWDED, synthetic_split(5, warm_size=800, rl_size=300, heldout_size=100, **CROWDED)
     else:
         cfg = demo_config()
-        ops, (warm, rl, heldout) = cfg.synthetic_args, train.load_problems(cfg)
+        ops, (warm, rl, heldout) = cfg.synthetic_args, load_problems(cfg)
         assert len(heldout) == cfg.eval_size == 300
     warm_chains, rl_chains = {chain_of(r["question"]) for r in warm}, [chain_of(r["question"]) for r in rl]
     heldout_chains = [chain_of(r["question"]) for r in heldout]
@@ -63,18 +67,18 @@ def test_heldout_chains_occur_in_neither_the_warm_start_nor_the_rl_set(which):
 
 
 def test_the_mix_keys_choose_chains_of_one_kind_or_of_both():
-    warm, rl, heldout = demo_split(4, warm_size=300, rl_size=300, heldout_size=100, warm_ops=(1, 4), rl_ops=(2, 4),
+    warm, rl, heldout = synthetic_split(4, warm_size=300, rl_size=300, heldout_size=100, warm_ops=(1, 4), rl_ops=(2, 4),
                                    warm_mix="one", rl_mix="both")
     kinds = lambda row: {SIGN[verb] for verb, _ in CLAUSE.findall(row["question"])}
     assert all(len(kinds(r)) == 1 for r in warm) and all(kinds(r) == {"+", "-"} for r in rl + heldout)
     assert {"+"} in map(kinds, warm) and {"-"} in map(kinds, warm)
-    free = demo_split(4, warm_size=300, rl_size=300, heldout_size=100, warm_ops=(1, 4), rl_ops=(2, 4),
+    free = synthetic_split(4, warm_size=300, rl_size=300, heldout_size=100, warm_ops=(1, 4), rl_ops=(2, 4),
                       warm_mix="any", rl_mix="any")
     assert any(len(kinds(r)) == 2 for r in free[0]) and any(len(kinds(r)) == 1 for r in free[1])
     with pytest.raises(ValueError, match="rl_mix must be one of .*'both' needs 2 or more operations"):
-        demo_split(1, rl_ops=(1, 1), rl_mix="both")
+        synthetic_split(1, rl_ops=(1, 1), rl_mix="both")
     with pytest.raises(ValueError, match="warm_mix must be one of"):
-        demo_split(1, warm_mix="some")
+        synthetic_split(1, warm_mix="some")
 
 
 def test_chain_key_is_the_chain_of_the_worked_solution():
@@ -87,30 +91,30 @@ def test_chain_key_is_the_chain_of_the_worked_solution():
 
 
 def test_rl_and_heldout_rows_carry_the_answer_only():
-    warm, rl, heldout = demo_split(3, warm_size=200, rl_size=200, heldout_size=50)
+    warm, rl, heldout = synthetic_split(3, warm_size=200, rl_size=200, heldout_size=50)
     assert all(len(solution_lines(r)) >= 1 for r in warm)  # worked solutions
     for row in rl + heldout:
         assert row["solution"] == f"#### {row['gold']}" and sft_text(row) == f"</think> <answer>{row['gold']}</answer>"
-    assert demo_split(3, 200, 200, 50) == (warm, rl, heldout)
-    assert demo_split(3, 200, 300, 50)[0] == warm  # another RL size leaves the warm start's draws alone
+    assert synthetic_split(3, 200, 200, 50) == (warm, rl, heldout)
+    assert synthetic_split(3, 200, 300, 50)[0] == warm  # another RL size leaves the warm start's draws alone
 
 
 def test_a_family_too_small_for_novel_heldout_chains_is_named():
     with pytest.raises(ValueError, match=r"found only \d+ of 100 held-out problems with a new chain"):
-        demo_split(1, warm_size=10, rl_size=10, heldout_size=100, warm_ops=(2, 2), rl_ops=(1, 1), max_operand=3,
+        synthetic_split(1, warm_size=10, rl_size=10, heldout_size=100, warm_ops=(2, 2), rl_ops=(1, 1), max_operand=3,
                    max_start=3, warm_mix="any", rl_mix="any")
     with pytest.raises(ValueError, match=r"rl_ops must be \(min, max\)"):
-        demo_split(1, rl_ops=(4, 3))
+        synthetic_split(1, rl_ops=(4, 3))
 
 
 def test_data_cli_writes_the_sets_train_py_uses(tmp_path):
     cfg = demo_config()
-    data_main(["demo", "--seed", str(cfg.seed), "--warm_size", str(cfg.synthetic_warm_size), "--rl_size",
+    data_main(["synthetic_split", "--seed", str(cfg.seed), "--warm_size", str(cfg.synthetic_warm_size), "--rl_size",
                str(cfg.synthetic_train_size), "--heldout_size", str(cfg.synthetic_eval_size), "--out", str(tmp_path)]
               + [f"--{k}={v}" for k, v in cfg.synthetic_args.items()])
     sets = [load_gsm8k(str(tmp_path), name) for name in ("warm", "rl", "heldout")]
-    assert list(train.load_problems(cfg)) == sets
-    data_main(["demo", "--out", str(tmp_path / "defaults")])  # the docstring's command: its defaults are the demo's
+    assert list(load_problems(cfg)) == sets
+    data_main(["synthetic_split", "--out", str(tmp_path / "defaults")])  # the docstring's command: its defaults are the demo's
     assert [load_gsm8k(str(tmp_path / "defaults"), name) for name in ("warm", "rl", "heldout")] == sets
 
 # -----------------------------------------------------------------------------
@@ -131,7 +135,7 @@ def test_the_warm_start_sees_only_warm_start_solutions(tmp_path, monkeypatch):
         prompts=prompts, targets=targets))
     cfg = tiny_config(tmp_path, max_steps=0)
     train.train(cfg)
-    tok, (warm, rl, heldout) = CharTokenizer(), train.load_problems(cfg)
+    tok, (warm, rl, heldout) = CharTokenizer(), load_problems(cfg)
     prompts = {tok.decode(p) for p in seen["prompts"]}
     assert prompts == {format_prompt(r["question"], "plain") for r in warm}
     assert not prompts & {format_prompt(r["question"], "plain") for r in rl + heldout}
@@ -140,13 +144,13 @@ def test_the_warm_start_sees_only_warm_start_solutions(tmp_path, monkeypatch):
 
 
 def test_a_warm_start_set_without_worked_solutions_is_refused(tmp_path, monkeypatch):
-    real = train.demo_split
+    real = data.synthetic_split
 
     def answer_only_warm(*args, **kwargs):
         warm, rl, heldout = real(*args, **kwargs)
         return rl, rl, heldout
     cfg = tiny_config(tmp_path)
-    monkeypatch.setattr(train, "demo_split", answer_only_warm)
+    monkeypatch.setattr(data, "synthetic_split", answer_only_warm)
     with pytest.raises(ValueError, match="the warm start needs worked solutions"):
         train.train(cfg)
 
@@ -156,16 +160,16 @@ def test_a_warm_start_prompt_longer_than_the_context_is_named_before_the_warm_st
     split = {"warm_ops": (6, 6), "warm_mix": "any", "rl_ops": (1, 1), "rl_mix": "any", "max_operand": 9,
              "max_start": 50, "restate": True}  # warm questions of six clauses, RL and held-out of one
     tiny = tiny_config(tmp_path, synthetic_args=split)
-    longest = max(len(format_prompt(r["question"], "plain")) for r in train.load_problems(tiny)[0])
+    longest = max(len(format_prompt(r["question"], "plain")) for r in load_problems(tiny)[0])
     cfg = dataclasses.replace(tiny, model_args={**tiny.model_args, "max_seq_len": longest + tiny.max_new_tokens - 1})
-    rl_and_heldout = train.load_problems(cfg)[1:]
+    rl_and_heldout = load_problems(cfg)[1:]
     assert max(len(format_prompt(r["question"], "plain")) for rows in rl_and_heldout for r in rows) < longest - 20
     with pytest.raises(ValueError, match=rf"is {longest} tokens; with max_new_tokens={cfg.max_new_tokens}"):
         train.train(cfg)
 
 
 def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
-    real_sample, real_sft = train.sample_and_score, train.sft_loss_backward
+    real_sample, real_sft = rollout.sample_and_score, baselines.sft_loss_backward
     verdicts = {1: [1.0, 0.0, 0.0, 1.0], 2: [0.0, 0.0, 0.0, 0.0]}  # per step: 2 questions x 2 samples
     sampled, trained = [], []
 
@@ -178,8 +182,8 @@ def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
     def record_targets(model, prompts, targets, *args):
         trained.append((prompts, targets))
         return real_sft(model, prompts, targets, *args)
-    monkeypatch.setattr(train, "sample_and_score", known_correctness)
-    monkeypatch.setattr(train, "sft_loss_backward", record_targets)
+    monkeypatch.setattr(rollout, "sample_and_score", known_correctness)
+    monkeypatch.setattr(baselines, "sft_loss_backward", record_targets)
     train.train(tiny_config(tmp_path, "demo_rft.py", sft_steps=0, eval_every=0))
     assert len(sampled) == 2 and len(trained) == 1  # step 2 had nothing correct: no update
     assert trained[0][1] == [sampled[0].completions[0], sampled[0].completions[3]]
@@ -189,27 +193,27 @@ def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
     assert log[0]["loss"] > 0 and log[1]["loss"] is None and log[1]["grad_norm"] is None
 
 
-@pytest.mark.parametrize("files, algorithm", [((), "grpo"), (("demo_rft.py",), "rft"),
+@pytest.mark.parametrize("files, method", [((), "grpo"), (("demo_rft.py",), "rft"),
                                               (("demo_sft_answers.py",), "sft_answers"),
                                               (("demo_sft_more.py",), "sft_more")])
-def test_each_demo_config_runs_two_steps(tmp_path, monkeypatch, files, algorithm):
-    real_sft, targets = train.sft_loss_backward, []
+def test_each_demo_config_runs_two_steps(tmp_path, monkeypatch, files, method):
+    real_sft, targets = baselines.sft_loss_backward, []
 
     def record_targets(model, prompts, batch_targets, *args):
         targets.extend(CharTokenizer().decode(t) for t in batch_targets)
         return real_sft(model, prompts, batch_targets, *args)
-    monkeypatch.setattr(train, "sft_loss_backward", record_targets)
+    monkeypatch.setattr(baselines, "sft_loss_backward", record_targets)
     cfg = tiny_config(tmp_path, *files)
-    assert cfg.algorithm == algorithm and cfg.out_dir == str(tmp_path)
+    assert cfg.method == method and cfg.out_dir == str(tmp_path)
     train.train(cfg)
     with open(tmp_path / "log.jsonl") as f:
         log = [json.loads(line) for line in f]
     assert [r["step"] for r in log] == [1, 2] and os.path.isfile(tmp_path / "ckpt.pt")
-    if algorithm in ("grpo", "rft"):  # sampled: the R1-Zero curves' keys
+    if method in ("grpo", "rft"):  # sampled: the R1-Zero curves' keys
         assert all({"reward", "accuracy", "response_length"} <= set(r) for r in log)
     else:
         assert all(r["loss"] > 0 for r in log) and len(targets) == 2 * cfg.prompts_per_step * cfg.group_size
-        if algorithm == "sft_more":  # worked solutions of the warm start's family
+        if method == "sft_more":  # worked solutions of the warm start's family
             assert all("=" in t.split("</think>")[0] for t in targets)
         else:  # the answer alone
             assert all(t.startswith("</think> <answer>") and t.endswith("</answer>") for t in targets)
@@ -226,9 +230,9 @@ def test_eval_cli_scores_the_demo_heldout_file_with_pass_at_k(tmp_path):
     assert summary["pass@1"] <= summary["pass@4"] <= 1
 
 
-def test_an_unknown_algorithm_is_named(tmp_path):
-    with pytest.raises(ValueError, match="algorithm must be one of .*'rft'.*got 'ppo'"):
-        tiny_config(tmp_path, algorithm="ppo")
+def test_an_unknown_method_is_named(tmp_path):
+    with pytest.raises(ValueError, match="method must be one of .*'rft'.*got 'ppo'"):
+        tiny_config(tmp_path, method="ppo")
 
 
 def test_only_grpo_keeps_a_reference_model(tmp_path):
@@ -244,7 +248,7 @@ def test_the_baselines_refuse_torchrun_and_grpo_accepts_it(tmp_path, monkeypatch
     for files in (("demo_rft.py",), ("demo_sft_answers.py",), ("demo_sft_more.py",)):
         with pytest.raises(ValueError, match=r"runs in one process only .*without torchrun \(WORLD_SIZE=2\)"):
             tiny_config(tmp_path, *files)
-    assert tiny_config(tmp_path).algorithm == "grpo"  # validate() passes: GRPO splits its groups over the ranks
+    assert tiny_config(tmp_path).method == "grpo"  # validate() passes: GRPO splits its groups over the ranks
 
 # -----------------------------------------------------------------------------
 # init_from: every method and seed from one warm start
@@ -281,8 +285,8 @@ def test_init_from_refuses_a_warm_start_of_another_split_and_data_seed_shares_on
     with pytest.raises(ValueError, match="was warm-started on another set than this run.s .*set data_seed to its run.s seed"):
         train.train(tiny_config(tmp_path / "other", init_from=warm_ckpt, seed=12))
     shared = tiny_config(tmp_path / "shared", init_from=warm_ckpt, seed=12, data_seed=11, max_steps=1)
-    assert train.load_problems(shared) == train.load_problems(tiny_config(tmp_path, seed=11))
-    assert train.load_problems(shared) != train.load_problems(tiny_config(tmp_path, seed=12))
+    assert load_problems(shared) == load_problems(tiny_config(tmp_path, seed=11))
+    assert load_problems(shared) != load_problems(tiny_config(tmp_path, seed=12))
     train.train(shared)
     with open(tmp_path / "shared" / "log.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [1]

@@ -176,10 +176,10 @@ def test_process_advantages_by_hand():
     # row 0: tokens 0-1 see both steps (0.5774), tokens 2-4 only the last (-0.5774);
     # row 1: tokens 0-3 see its one step (-0.5774), token 4 comes after it (0).
     # group 2 (rows 2, 3): every step reward is 0.5 -> exactly 0 everywhere. Padded entries hold junk.
-    step_rewards = torch.tensor([[1.0, 0.0], [0.0, float("nan")], [0.5, 0.5], [0.5, 7.0]])
-    step_ends = torch.tensor([[1, 4], [3, 99], [2, 4], [0, 99]])
-    step_mask = torch.tensor([[True, True], [True, False], [True, True], [True, False]])
-    adv = process_advantages(step_rewards, step_ends, group_size=2, seq_len=5, step_mask=step_mask, eps=0.0)
+    claim_rewards = torch.tensor([[1.0, 0.0], [0.0, float("nan")], [0.5, 0.5], [0.5, 7.0]])
+    claim_ends = torch.tensor([[1, 4], [3, 99], [2, 4], [0, 99]])
+    claim_mask = torch.tensor([[True, True], [True, False], [True, True], [True, False]])
+    adv = process_advantages(claim_rewards, claim_ends, group_size=2, seq_len=5, claim_mask=claim_mask, eps=0.0)
     a, b = 1 / math.sqrt(3), -1 / math.sqrt(3)
     expected = torch.tensor([[a, a, b, b, b], [b, b, b, b, 0.0], [0.0] * 5, [0.0] * 5])
     assert torch.allclose(adv, expected, atol=1e-6)
@@ -193,5 +193,5 @@ def test_bad_inputs_are_refused():
         grpo_loss(torch.zeros(2, 3), None, None, torch.zeros(2), torch.ones(2, 3), beta=0.04)
     with pytest.raises(ValueError, match="loss_agg"):
         grpo_loss(torch.zeros(2, 3), None, None, torch.zeros(2), torch.ones(2, 3), beta=0.0, loss_agg="mean")
-    with pytest.raises(ValueError, match="step_ends must lie"):
+    with pytest.raises(ValueError, match="claim_ends must lie"):
         process_advantages(torch.zeros(2, 1), torch.tensor([[0], [5]]), group_size=2, seq_len=5)

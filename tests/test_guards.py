@@ -6,6 +6,8 @@ import signal
 import pytest
 import torch
 
+import checkpoint
+import rollout
 import train
 from train import TrainConfig, load_config
 
@@ -154,7 +156,7 @@ def test_help_lists_the_keys(capsys):
 def test_disk_check_refuses_before_writing(tmp_path, monkeypatch):
     import shutil
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(train.shutil, "disk_usage", lambda path: usage._replace(free=10))
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage._replace(free=10))
     with pytest.raises(OSError, match=r"ckpt.pt needs .* GiB but 0.00 GiB is free"):
         train.train(tiny(tmp_path, max_steps=1))
     assert not os.path.exists(tmp_path / "ckpt.pt") and not os.path.exists(tmp_path / "ckpt.pt.tmp")
@@ -195,13 +197,13 @@ def test_sampled_pass_at_k_does_not_depend_on_the_batch_size(tmp_path):
 
 def reward_first_token_parity(monkeypatch):
     """A random model earns no real reward, so no gradient: give the groups a signal (first token id even)."""
-    real = train.sample_and_score
+    real = rollout.sample_and_score
 
     def parity_reward(*args, **kwargs):
         samples = real(*args, **kwargs)
         samples.rewards = [float(c[0] % 2) for c in samples.completions]
         return samples
-    monkeypatch.setattr(train, "sample_and_score", parity_reward)
+    monkeypatch.setattr(rollout, "sample_and_score", parity_reward)
 
 
 def test_lora_run_trains_only_adapters_resumes_exactly_and_exports(tmp_path, monkeypatch):
@@ -224,10 +226,19 @@ def test_lora_run_trains_only_adapters_resumes_exactly_and_exports(tmp_path, mon
         assert json.loads(f.readlines()[-1])["kl"] > 0  # the adapters moved the policy away from the base
 
     exported = Transformer.from_pretrained(str(straight / "hf"))
-    from eval import read_checkpoint, model_from_checkpoint
+    from checkpoint import read_checkpoint, model_from_checkpoint
     policy = model_from_checkpoint(read_checkpoint(str(straight / "ckpt.pt")))
     ids = torch.randint(3, 90, (2, 12))
     with torch.no_grad():
         assert torch.allclose(exported(ids), policy(ids), atol=1e-5)
         with policy.adapters_disabled():
             assert not torch.allclose(exported(ids), policy(ids), atol=1e-5)
+
+
+def test_a_checkpoint_saved_under_old_key_names_resumes(tmp_path):
+    train.train(tiny(tmp_path, max_steps=1))
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    state["config"]["algorithm"] = state["config"].pop("method")  # as a run from before the rename saved it
+    torch.save(state, tmp_path / "ckpt.pt")
+    train.train(tiny(tmp_path, max_steps=2, resume=True))
+    assert log_steps(tmp_path) == [1, 2]

@@ -11,7 +11,7 @@ import torch
 import train
 from data import CharTokenizer, load_tokenizer
 from grpo import grpo_loss, process_advantages
-from rewards import arithmetic_claims, parse_number, step_rewards, token_ends
+from rewards import arithmetic_claims, parse_number, claim_rewards, token_ends
 from test_guards import log_steps, tiny
 from test_rewards import GSM8K_DIR
 from test_train import QWEN_TOKENIZER
@@ -120,16 +120,16 @@ def test_claim_ends_in_tokens_are_exact_for_the_char_tokenizer():
     assert token_ends(tokenizer.encode(text), tokenizer.decode, char_ends) == [end - 1 for end in char_ends]
 
 
-def test_step_rewards_one_per_claim_and_a_zero_step_at_the_end_without_claims():
+def test_claim_rewards_one_per_claim_and_a_zero_claim_at_the_end_without_claims():
     tokenizer = CharTokenizer()
     stop = [tokenizer.eos_token_id]
     text = "12+7=19\n19-5=15\n15+2=17</think> <answer>17</answer>"
-    assert step_rewards(text, tokenizer.encode(text) + stop, tokenizer.decode) == [(6, 1.0), (14, 0.0), (22, 1.0)]
+    assert claim_rewards(text, tokenizer.encode(text) + stop, tokenizer.decode) == [(6, 1.0), (14, 0.0), (22, 1.0)]
     for no_work in ("I think it is 17</think> <answer>17</answer>", "x = 5"):
         ids = tokenizer.encode(no_work) + stop
-        assert step_rewards(no_work, ids, tokenizer.decode) == [(len(ids) - 1, 0.0)]
+        assert claim_rewards(no_work, ids, tokenizer.decode) == [(len(ids) - 1, 0.0)]
     cut = tokenizer.encode("12+7=19\n19-5=14\n14+")  # truncated: never finished, earns nothing
-    assert step_rewards("12+7=19\n19-5=14\n14+", cut, tokenizer.decode, truncated=True) == [(len(cut) - 1, 0.0)]
+    assert claim_rewards("12+7=19\n19-5=14\n14+", cut, tokenizer.decode, truncated=True) == [(len(cut) - 1, 0.0)]
 
 
 def test_a_wrong_middle_step_lowers_the_advantages_of_the_tokens_up_to_it_and_the_loss_takes_them():
@@ -137,10 +137,10 @@ def test_a_wrong_middle_step_lowers_the_advantages_of_the_tokens_up_to_it_and_th
     texts = ["12+7=19\n19-5=15\n15+2=17</think> <answer>17</answer>",  # the middle step is wrong
              "12+7=19\n19-5=14\n14+2=16</think> <answer>16</answer>"]
     completions = [tokenizer.encode(t) + [tokenizer.eos_token_id] for t in texts]
-    steps = [step_rewards(t, c, tokenizer.decode) for t, c in zip(texts, completions)]
+    steps = [claim_rewards(t, c, tokenizer.decode) for t, c in zip(texts, completions)]
     (first, _), (middle, wrong), (last, _) = steps[0]
     assert wrong == 0.0 and [r for _, r in steps[1]] == [1.0, 1.0, 1.0]
-    rewards, ends, mask = train.step_tensors(steps)
+    rewards, ends, mask = train.claim_tensors(steps)
     T = max(map(len, completions))
     advantages = process_advantages(rewards, ends, 2, T, mask)
     row = advantages[0]

@@ -1,0 +1,256 @@
+"""
+The training config: one typed dataclass, every value checked when it loads, before any work.
+
+    python train.py configs/demo.py --lr=1e-3 --beta=0     # a config file, then --key=value overrides
+
+A config file is plain Python assigning some of TrainConfig's fields (nanoGPT style); several files load in
+order, each overriding the last. On the command line a value is a Python literal, or plain text for a str key,
+and a bare --flag sets a bool key. A key that was renamed still loads under its old name, with a message.
+"""
+import ast
+import dataclasses
+import difflib
+import inspect
+import math
+import os
+import runpy
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+
+import torch
+
+from data import response_prefix, synthetic_problems, synthetic_split
+from distributed import world_size
+from grpo import group_advantages, grpo_loss
+from model import LORA_TARGETS, ModelConfig, resolve_device
+from reward_models import check_reward_names
+
+
+@dataclass
+class TrainConfig:
+    # model, tokenizer, prompt
+    model: str = "Qwen/Qwen2.5-0.5B"  # Hugging Face name or local dir, or "scratch": a new model of shape model_args
+    model_args: dict = field(default_factory=dict)  # ModelConfig fields for model="scratch" (vocab_size defaults to the tokenizer's)
+    gguf_file: str = ""  # a GGUF file inside `model` (a local dir or hub repo) to load the weights and tokenizer from
+    tokenizer: str = ""  # "" = the model's own; "char" = data.CharTokenizer
+    template: str = "r1_zero"  # data.TEMPLATES, or "chat": the tokenizer's chat template; the prompt ends in "<think>"
+    # data: "gsm8k" (data_dir/{train_split,eval_split}.jsonl), "synthetic" (data.synthetic_problems: training and
+    # held-out questions of one family) or "synthetic_split" (data.synthetic_split: a warm-start family with worked
+    # solutions, an answer-only RL family, held-out questions whose chains occur in neither)
+    dataset: str = "gsm8k"
+    data_dir: str = "data/gsm8k"
+    train_split: str = "train"
+    eval_split: str = "test"
+    synthetic_warm_size: int = 5000  # "synthetic_split": warm-start problems (worked solutions)
+    synthetic_train_size: int = 5000  # training problems ("synthetic_split": the RL family, answer only)
+    synthetic_eval_size: int = 200
+    synthetic_args: dict = field(default_factory=dict)  # keyword arguments of data.synthetic_problems / synthetic_split
+    data_seed: int | None = None  # "synthetic_split": the seed of its three sets (None: seed), so seeds can share one
+    # what a step does: "grpo", or a baseline with the same rows and completions per step: "rft" (sample as GRPO
+    # does, SFT on the correct samples), "sft_answers" (SFT on the training rows: with "synthetic_split" their answers
+    # alone, "</think> <answer>N</answer>"), "sft_more" (SFT on the warm-start rows: more warm start)
+    method: str = "grpo"
+    # sampling
+    group_size: int = 8  # G completions per question
+    prompts_per_step: int = 32
+    max_new_tokens: int = 512
+    temperature: float = 1.0  # > 0; log-probs for the ratio use the same temperature (no top-p/top-k: on-policy)
+    # objective (grpo.py checks the variant names)
+    # {reward: weight}, the total is the weighted sum; a reward is "correctness", "format", "FILE.py:FUNCTION",
+    # "model:NAME[:LABEL]" (a reward model) or "judge:NAME" (an LLM judge): see reward_models.py
+    reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0, "format": 0.1})
+    supervision: str = "outcome"  # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
+    process_weight: float = 1.0  # "both": advantage = outcome advantage + process_weight * process advantage
+    adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)
+    adv_scale: str = "std"  # "std" (GRPO) | "none" (Dr. GRPO)
+    loss_agg: str = "seq_mean"  # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
+    beta: float = 0.04  # KL weight; 0 = no reference model at all
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher
+    mu: int = 1  # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
+    ref_reset_every: int = 0  # iterative GRPO: copy the policy into the reference every N steps (0 = never)
+    # LoRA (model.py): only low-rank adapters train; the reference is the same network with its adapters off
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0
+    lora_targets: tuple = ("q_proj", "k_proj", "v_proj", "o_proj")  # any of model.LORA_TARGETS
+    # optimization
+    max_steps: int = 200
+    lr: float = 1e-6
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    adam_betas: tuple = (0.9, 0.99)
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    micro_batch_size: int = 16  # completions per forward/backward; the loss normalisers are whole-batch
+    logprob_chunk: int = 2048  # completion tokens per lm_head + log_softmax chunk (bounds the logits memory)
+    grad_checkpointing: bool = False
+    # supervised warm start (the SFT stage of the R1 pipeline): worked solutions as "...</think> <answer>N</answer>"
+    sft_steps: int = 0
+    sft_batch_size: int = 32
+    sft_lr: float = 1e-4
+    init_from: str = ""  # a train.py checkpoint (e.g. out/x/sft.pt) to start from instead of running the warm start
+    # evaluation, logging, checkpoints
+    eval_every: int = 25  # held-out pass@1 (greedy) before step 1, every N steps and at the end; 0 = never
+    eval_size: int = 500  # held-out questions used (the first N)
+    eval_batch_size: int = 64
+    sample_every: int = 10  # print and save a few completions every N steps; 0 = never
+    checkpoint_every: int = 50  # and at the end; 0 = only at the end
+    out_dir: str = "out/gsm8k"
+    resume: bool = False  # continue out_dir/ckpt.pt; its config wins, only RESUMABLE keys may differ
+    overwrite: bool = False  # start again in an out_dir that holds a run, deleting that run's files
+    # system
+    seed: int = 1337
+    device: str = "auto"  # "auto" (cuda if available) | "cuda" | "cpu"
+    dtype: str = "auto"  # compute dtype of forward passes: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" | "float32"
+    sharding: str = "ddp"  # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
+    threads: int = 0  # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
+
+    @property
+    def warm_starts(self) -> bool:
+        """This run begins with the supervised warm start (a new run; init_from starts from a checkpoint instead)."""
+        return self.sft_steps > 0 and not self.init_from
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(TrainConfig)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, checked_type(f.name, getattr(self, f.name), hints[f.name]))
+        validate(self)
+
+
+METHODS = ("grpo", "rft", "sft_answers", "sft_more")
+SUPERVISIONS = ("outcome", "process", "both")
+DATASETS = ("gsm8k", "synthetic", "synthetic_split")
+# keys a resumed run may change: they do not change what is computed, only how often or in what pieces
+RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
+             "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume", "overwrite")
+RENAMED_KEYS = {"algorithm": "method"}  # old name -> new name: old configs and checkpoints still load
+RENAMED_VALUES = {("dataset", "demo"): "synthetic_split"}
+
+
+def renamed(key: str, value, source: str = "") -> tuple[str, object]:
+    """(key, value) under today's names; with a source (a file, "command line"), a message says what changed."""
+    new_key = RENAMED_KEYS.get(key, key)
+    new_value = RENAMED_VALUES.get((new_key, value), value) if isinstance(value, str) else value
+    if source and (new_key, new_value) != (key, value):
+        print(f"config ({source}): {key}={value!r} is now {new_key}={new_value!r}; loading it as such",
+              file=sys.stderr)
+    return new_key, new_value
+
+
+def checked_type(key: str, value, hint):
+    """value if it has the field's type (an int is a float, a list a tuple), else a ValueError naming the key."""
+    kinds = typing.get_args(hint) or (hint,)
+    if float in kinds and type(value) is int:
+        return float(value)
+    if tuple in kinds and type(value) is list:
+        return tuple(value)
+    if any(type(value) is kind for kind in kinds):
+        return value
+    names = " or ".join("None" if kind is type(None) else kind.__name__ for kind in kinds)
+    raise ValueError(f"config key {key!r} expects {names}, got {value!r}")
+
+
+def validate(cfg: TrainConfig):
+    """Every setting checked before any work: a bad one stops the run here, not after the warm start."""
+    def need(ok: bool, message: str):
+        if not ok:
+            raise ValueError(f"config: {message}")
+    for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size", "logprob_chunk",
+                "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size"):
+        need(getattr(cfg, key) >= 1, f"{key} must be >= 1, got {getattr(cfg, key)}")
+    for key in ("max_steps", "warmup_steps", "sft_steps", "synthetic_warm_size", "eval_every", "eval_size",
+                "sample_every", "checkpoint_every", "ref_reset_every", "beta", "weight_decay", "grad_clip", "threads"):
+        need(getattr(cfg, key) >= 0, f"{key} must be >= 0, got {getattr(cfg, key)}")
+    need(cfg.temperature > 0, f"temperature must be > 0, got {cfg.temperature}: GRPO needs the log-probs of a "
+                              "sampling distribution (temperature 0 is greedy decoding)")
+    need(cfg.lr > 0 and cfg.sft_lr > 0, f"lr and sft_lr must be > 0, got {cfg.lr} and {cfg.sft_lr}")
+    need(len(cfg.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.adam_betas),
+         f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
+    need(cfg.eval_size >= 1 or cfg.eval_every == 0, "eval_size=0 with eval_every > 0: nothing to evaluate")
+    need(cfg.dataset in DATASETS, f"dataset must be one of {DATASETS}, got {cfg.dataset!r}")
+    need(cfg.method in METHODS, f"method must be one of {METHODS}, got {cfg.method!r}")
+    need(cfg.model != "scratch" or cfg.tokenizer != "", "model='scratch' needs a tokenizer, e.g. tokenizer='char'")
+    need(not cfg.model_args or cfg.model == "scratch", "model_args only apply to model='scratch'")
+    need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
+    need(cfg.lora_rank >= 0, f"lora_rank must be >= 0 (0 = no LoRA), got {cfg.lora_rank}")
+    need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0, "ref_reset_every with LoRA is not supported: the reference "
+                                                         "is the base model with the adapters off")
+    need(cfg.lora_rank == 0 or (set(cfg.lora_targets) <= set(LORA_TARGETS) and cfg.lora_targets),
+         f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {cfg.lora_targets}")
+    need(cfg.lora_alpha > 0 and 0 <= cfg.lora_dropout < 1, f"need lora_alpha > 0 and 0 <= lora_dropout < 1, got "
+                                                           f"{cfg.lora_alpha} and {cfg.lora_dropout}")
+    need(cfg.sharding in ("ddp", "fsdp"), f"sharding must be 'ddp' or 'fsdp', got {cfg.sharding!r}")
+    need(cfg.prompts_per_step % world_size() == 0,
+         f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} ranks (each rank "
+         f"samples whole groups): make prompts_per_step a multiple of {world_size()}, or run a number of processes "
+         f"that divides {cfg.prompts_per_step}")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    need(set(cfg.model_args) <= known, f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
+                                       f"ModelConfig has {sorted(known)}")
+    maker = synthetic_split if cfg.dataset == "synthetic_split" else synthetic_problems
+    known = set(inspect.signature(maker).parameters) - {"n", "seed", "warm_size", "rl_size", "heldout_size"}
+    need(set(cfg.synthetic_args) <= known, f"synthetic_args has unknown key(s) "
+                                           f"{sorted(set(cfg.synthetic_args) - known)}; data.{maker.__name__} takes {sorted(known)}")
+    need(cfg.method == "grpo" or world_size() == 1,
+         f"method={cfg.method!r} runs in one process only (its steps do not split over ranks); run it without "
+         f"torchrun (WORLD_SIZE={world_size()})")
+    need(not cfg.init_from or cfg.resume or os.path.isfile(cfg.init_from),
+         f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_warm/sft.pt)")
+    need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
+         f"reward_weights must be finite numbers, got {cfg.reward_weights}")
+    need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
+    need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
+    try:  # grpo.py, data.py and reward_models.py own the allowed values: a dry run on a tiny batch checks them
+        check_reward_names(cfg.reward_weights)
+        response_prefix(cfg.template)  # checks the template's name
+        resolve_device(cfg.device, cfg.dtype)
+        group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
+        grpo_loss(torch.zeros(1, 1), None, torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg.clip_eps,
+                  cfg.clip_eps_high, cfg.beta, cfg.loss_agg)
+    except ValueError as error:
+        raise ValueError(f"config: {error}") from None
+
+
+def load_config(argv: list[str]) -> TrainConfig:
+    """`[CONFIG.py ...] [--key=value ...]` -> TrainConfig. A config file is Python assigning variables (names
+    starting with "_", modules, functions and classes are ignored); see the module docstring."""
+    hints, values = typing.get_type_hints(TrainConfig), {}
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            raise SystemExit(__doc__ + "\nConfig keys and their defaults:\n" + "\n".join(
+                f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}" for f in dataclasses.fields(TrainConfig)))
+        if arg.startswith("--"):
+            key, has_value, text = arg[2:].partition("=")
+            hint = hints.get(RENAMED_KEYS.get(key, key))
+            items, source = [(key, parse_value(text, hint) if has_value else True)], "command line"
+        elif os.path.isfile(arg):
+            items, source = [(k, v) for k, v in runpy.run_path(arg).items() if not k.startswith("_") and not
+                             isinstance(v, (types.ModuleType, types.FunctionType, type))], arg
+        else:
+            raise FileNotFoundError(f"config file {arg} not found")
+        for key, value in items:
+            key, value = renamed(key, value, source)
+            if key not in hints:
+                close = difflib.get_close_matches(key, hints, n=1)
+                raise ValueError(f"unknown config key {key!r} ({source})"
+                                 + (f"; did you mean {close[0]!r}?" if close else ""))
+            values[key] = value
+    return TrainConfig(**values)
+
+
+def parse_value(text: str, hint):
+    if hint is str:
+        return text
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return ast.literal_eval(text)  # numbers, None, dicts, tuples, lists
+    except (ValueError, SyntaxError):
+        return text  # then checked_type names the key and the expected type
+
+
+def saved_config(config: dict) -> dict:
+    """A checkpoint's config dict under today's key names and values (a run saved before a rename still resumes)."""
+    return dict(renamed(key, value) for key, value in config.items())
