@@ -35,7 +35,7 @@ group_size = 8
 prompts_per_step = 16
 max_new_tokens = 128  # a 4-line restated solution and its answer take about 110 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
-beta = 0.0  # no KL anchor, as the baselines have none (at beta 0.04 GRPO gained less: see the README)
+beta = 0.0  # no KL anchor, as the baselines have none (at beta 0.04 GRPO gained less: docs/experiments.md)
 max_steps = 200  # GRPO's training accuracy still rose at step 100
 lr = 1e-4  # every method's: 1e-3 (the warm start's) made RFT stop writing answers
 warmup_steps = 5
@@ -46,6 +46,6 @@ eval_batch_size = 300
 sample_every = 10
 checkpoint_every = 0
 out_dir = "out/demo"
-device = "cpu"  # the README's numbers are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
-threads = 1  # CPU sums depend on the thread count: with 2 threads the same seed gives another warm start (README)
+device = "cpu"  # the numbers in docs/experiments.md are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
+threads = 1  # CPU sums depend on the thread count: with 2 threads the same seed gives another warm start (docs/experiments.md)
 seed = 1337

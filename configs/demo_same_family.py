@@ -6,7 +6,7 @@
 # worked solution, "#### 6"). A short supervised warm start on the training problems' worked solutions teaches the
 # <think>...</think> <answer>...</answer> layout and some arithmetic; GRPO then improves it on the same problems.
 # Unlike configs/demo.py, RL sees the warm start's own family and the held-out questions share its chains of sums,
-# so this measures sharpening, not what RL adds over more SFT (README: "The same-family demo").
+# so this measures sharpening, not what RL adds over more SFT (docs/experiments.md: "The same-family demo").
 model = "scratch"
 model_args = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=352, max_seq_len=256)
 tokenizer = "char"
@@ -37,5 +37,5 @@ eval_batch_size = 200
 sample_every = 25
 checkpoint_every = 50
 out_dir = "out/demo_same_family"
-device = "cpu"  # the README's numbers are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
+device = "cpu"  # the numbers in docs/experiments.md are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
 seed = 1337

