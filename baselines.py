@@ -23,7 +23,7 @@ def supervised_update(run, cfg, step: int, prompts: list, targets: list) -> dict
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
     loss = sft_loss_backward(run.policy, prompts, targets, cfg.micro_batch_size, run.tokenizer.pad_token_id,
                              run.policy.lm_head.weight.device, run.autocast, cfg.logprob_chunk)
-    grad_norm = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip)
+    grad_norm = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip, loss=loss)
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
     return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}

@@ -7,11 +7,13 @@ ckpt.pt holds everything --resume needs: model, optimizer, reference, step, ques
 weights right after the warm start. Both are dicts of tensors and plain values, read with weights_only=True.
 """
 import dataclasses
-import glob
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import socket
+import sys
 
 import torch
 
@@ -20,36 +22,136 @@ from data import load_tokenizer
 from distributed import gathered_to_rank0, rank
 from model import ModelConfig, Transformer
 
+# what a run writes in out_dir; --overwrite deletes these, and eval_NNNNN.jsonl, and nothing else
 RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
-             "sft.pt", "curves.png", "hf")
+             "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "ckpt_eval", "sft_eval")
+LOCK_FILE = "train.lock"  # there while a run holds out_dir (RunLock)
 
 
-def prepare_out_dir(cfg) -> dict | None:
-    """Make out_dir ready: refuse to clobber a run, clear it on overwrite; on resume return ckpt.pt's state after
-    checking that the config only changes RESUMABLE keys, and cut the logs back to its step."""
+def is_eval_file(name: str) -> bool:
+    """eval_00025.jsonl: a held-out evaluation's completions (train.held_out_eval)."""
+    return name.startswith("eval_") and name.endswith(".jsonl") and name[5:-6].isdecimal()
+
+
+class RunLock:
+    """out_dir/train.lock, held for the life of a run (an flock, which the kernel releases on any exit, SIGKILL too):
+    a second launch into the same out_dir refuses at once, naming the process that holds it. The holder's pid and
+    command are written in the file, which a clean exit removes; a run that finds the file left by a process that
+    is gone says so and takes over. Under torchrun rank 0 holds it. A directory the lock created and nothing else
+    used is removed again."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir, self.path, self.file, self.created = out_dir, os.path.join(out_dir, LOCK_FILE), None, False
+
+    def __enter__(self):
+        if rank() != 0:
+            return self
+        self.created = not os.path.isdir(self.out_dir)
+        os.makedirs(self.out_dir, exist_ok=True)
+        while self.file is None:
+            file = open(self.path, "a+")
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                file.seek(0)
+                holder = file.read().strip() or "another process"
+                file.close()
+                raise RuntimeError(f"{self.out_dir} is in use by a running train.py ({holder}); wait for it to "
+                                   "finish, stop it, or choose another --out_dir") from None
+            same = os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(file.fileno()).st_ino
+            if same:  # else its holder removed it between our open and our lock: open the path anew
+                self.file = file
+            else:
+                file.close()
+        self.file.seek(0)
+        left = self.file.read().strip()
+        if left:
+            print(f"{self.path}: the run that held it ({left}) is gone without releasing it; taking over",
+                  file=sys.stderr)
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)}")
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc):
+        if self.file is None:
+            return
+        os.remove(self.path)  # while still held: a run waiting on the old file sees it is gone and opens anew
+        self.file.close()
+        if self.created and not os.listdir(self.out_dir):  # a run refused before it wrote anything
+            os.rmdir(self.out_dir)
+
+
+def check_out_dir_path(cfg):
+    """Refuse an out_dir that is a file, a filesystem root, the repository or the model's directory: a run writes its
+    lock there first, and deletes its files there on --overwrite."""
+    out_dir = os.path.realpath(cfg.out_dir)
+    forbidden = {os.path.realpath(os.path.dirname(os.path.abspath(__file__))): "the repository itself"}
+    if os.path.isdir(cfg.model):
+        forbidden[os.path.realpath(cfg.model)] = "the model's directory"
+    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a directory")
+    if os.path.dirname(out_dir) == out_dir or out_dir in forbidden:
+        raise ValueError(f"out_dir={cfg.out_dir!r} is {forbidden.get(out_dir, 'a filesystem root')}: a run writes "
+                         "and deletes its files there; choose a directory of its own, e.g. out/NAME")
+
+
+def check_out_dir(cfg) -> dict | None:
+    """Check what out_dir holds before anything is written or deleted: no files of a run it cannot prove is a
+    train.py run (by its config.json); no other run unless --resume or --overwrite. Returns ckpt.pt's state on
+    resume, after checking that the command changes only RESUMABLE keys and that max_steps lies ahead; else None."""
+    present = sorted(os.listdir(cfg.out_dir)) if os.path.isdir(cfg.out_dir) else []
+    ours = [name for name in present if name in RUN_FILES or is_eval_file(name)]
+    if ours and not is_run_config(os.path.join(cfg.out_dir, "config.json")):
+        raise ValueError(f"{cfg.out_dir} holds {', '.join(ours)} but no train.py config.json: not a run directory "
+                         "(a model's or a dataset's?), so no run writes or deletes files there; choose another "
+                         "--out_dir")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    holds_run = any(os.path.exists(os.path.join(cfg.out_dir, name)) for name in ("ckpt.pt", "log.jsonl"))
-    os.makedirs(cfg.out_dir, exist_ok=True)
     if not cfg.resume:
-        if holds_run and not cfg.overwrite:
+        if ("ckpt.pt" in present or "log.jsonl" in present) and not cfg.overwrite:
             raise FileExistsError(f"{cfg.out_dir} already holds a run: add --resume to continue it, --overwrite to "
                                   "delete it and start again, or choose another --out_dir")
-        doomed = [os.path.join(cfg.out_dir, name) for name in RUN_FILES] + glob.glob(os.path.join(cfg.out_dir, "eval_*.jsonl"))
-        for path in doomed if rank() == 0 else []:  # one process deletes
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
         return None
+    if "ckpt.pt" not in present:
+        raise FileNotFoundError(f"--resume: {ckpt_path} not found (a run that stopped during its warm start saved "
+                                "none); start it again with --overwrite")
     state = read_checkpoint(ckpt_path)
     saved, now = saved_config(state["config"]), dataclasses.asdict(cfg)
     changed = [f"{k}={saved[k]!r} -> {now[k]!r}" for k in now if k in saved and saved[k] != now[k] and k not in RESUMABLE]
     if changed:
         raise ValueError(f"--resume keeps the settings {ckpt_path} was trained with, but this command changes "
                          f"{', '.join(changed)}; only {', '.join(RESUMABLE)} may change on resume")
-    for name in ("log.jsonl", "eval.jsonl", "samples.jsonl") if rank() == 0 else ():
-        truncate_log(os.path.join(cfg.out_dir, name), state["step"])
+    if cfg.max_steps < state["step"]:
+        raise ValueError(f"--resume: {ckpt_path} is at step {state['step']}, beyond max_steps={cfg.max_steps}: "
+                         f"nothing to do (raise --max_steps to train on)")
     return state
+
+
+def is_run_config(path: str) -> bool:
+    """True if path is a config.json that train.py wrote (a TrainConfig's keys), not a model's."""
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"out_dir", "group_size", "max_steps", "seed"} <= set(config)
+
+
+def start_out_dir(cfg, state: dict | None):
+    """After every check has passed: a new run deletes an old run's files from out_dir (--overwrite; only the
+    names train.py writes), a resumed one cuts its logs back to the checkpoint's step."""
+    if rank() != 0:  # one process writes
+        return
+    if state is not None:
+        for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"):
+            truncate_log(os.path.join(cfg.out_dir, name), state["step"])
+        return
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    for name in os.listdir(cfg.out_dir):
+        path = os.path.join(cfg.out_dir, name)
+        if name in RUN_FILES or is_eval_file(name):
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
 
 
 def truncate_log(path: str, step: int):
@@ -93,15 +195,33 @@ def save_checkpoint(run, cfg, path: str, full: bool = True):
         return
     if not all(torch.isfinite(t).all() for t in state["model"].values()):
         raise FloatingPointError(f"the weights are not finite after step {run.step}; {path} was not overwritten")
+    tmp = path + ".tmp"
+    if os.path.exists(tmp):  # left by a kill mid-write: ours, and it must not count against the space
+        os.remove(tmp)
     tensors = [t for part in (state["model"], state.get("reference") or {}) for t in part.values()] + \
         [t for s in state.get("optimizer", {"state": {}})["state"].values() for t in s.values()]
-    need = sum(t.numel() * t.element_size() for t in tensors)
+    # torch.save's zip records add under 200 bytes a tensor (measured), pickled config and data order some KB
+    need = sum(t.numel() * t.element_size() for t in tensors) + 4096 * len(tensors) + 2**20
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
     if need > free:
-        raise OSError(f"{path} needs {need / 2**30:.2f} GiB but {free / 2**30:.2f} GiB is free there; free some "
-                      f"space (the previous checkpoint, if any, is kept)")
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+        raise OSError(f"disk full: {path} needs about {size(need)} but {size(free)} is free there; free some space "
+                      "(the previous checkpoint, if any, is kept)")
+    try:
+        torch.save(state, tmp)
+    except (OSError, RuntimeError) as error:  # torch reports a full disk as "RuntimeError: ... iostream error"
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+        raise OSError(f"{'disk full: ' if free < need - written else ''}writing {path} failed after {size(written)} "
+                      f"of about {size(need)}, with {size(free)} free there ({type(error).__name__}: {error}); the "
+                      "partial file is removed and the previous checkpoint, if any, is kept") from None
+    os.replace(tmp, path)
+
+
+def size(nbytes: int) -> str:
+    """A byte count for a message: GB above 1 GB, else MB (10^9, 10^6 bytes)."""
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.2f} MB"
 
 
 def read_checkpoint(path: str, device="cpu") -> dict:

@@ -123,8 +123,9 @@ METHODS = ("grpo", "rft", "sft_answers", "sft_more")
 SUPERVISIONS = ("outcome", "process", "both")
 DATASETS = ("gsm8k", "synthetic", "synthetic_split")
 # keys a resumed run may change: they do not change what is computed, only how often or in what pieces
+# (out_dir too: a run resumes wherever it now lies)
 RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
-             "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume", "overwrite")
+             "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume", "overwrite", "out_dir")
 RENAMED_KEYS = {"algorithm": "method"}  # old name -> new name: old configs and checkpoints still load
 RENAMED_VALUES = {("dataset", "demo"): "synthetic_split"}
 
@@ -186,6 +187,7 @@ def validate(cfg: TrainConfig):
          f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} ranks (each rank "
          f"samples whole groups): make prompts_per_step a multiple of {world_size()}, or run a number of processes "
          f"that divides {cfg.prompts_per_step}")
+    need(cfg.out_dir.strip() != "", "out_dir is empty: name the run's directory, e.g. out/NAME")
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     need(set(cfg.model_args) <= known, f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
                                        f"ModelConfig has {sorted(known)}")
@@ -205,11 +207,17 @@ def validate(cfg: TrainConfig):
     try:  # grpo.py, data.py and reward_models.py own the allowed values: a dry run on a tiny batch checks them
         check_reward_names(cfg.reward_weights)
         response_prefix(cfg.template)  # checks the template's name
+        if cfg.model == "scratch":
+            ModelConfig(**{"vocab_size": 1, **cfg.model_args})  # its sizes (vocab_size: the tokenizer's)
+        if cfg.dataset == "synthetic":  # one problem (of each set): the generator checks its arguments
+            synthetic_problems(1, 0, **cfg.synthetic_args)
+        elif cfg.dataset == "synthetic_split":
+            synthetic_split(0, 1, 1, 1, **cfg.synthetic_args)
         resolve_device(cfg.device, cfg.dtype)
         group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
         grpo_loss(torch.zeros(1, 1), None, torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg.clip_eps,
                   cfg.clip_eps_high, cfg.beta, cfg.loss_agg)
-    except ValueError as error:
+    except (ValueError, TypeError) as error:
         raise ValueError(f"config: {error}") from None
 
 

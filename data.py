@@ -37,7 +37,7 @@ def load_jsonl(path: str, required_keys: tuple[str, ...] = ("question", "answer"
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found")
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark some editors write is not a row
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -58,6 +58,9 @@ def load_gsm8k_file(path: str) -> list[dict]:
     """Problem rows {"question", "solution", "gold"} from one GSM8K-format JSONL file."""
     rows = []
     for line_number, row in enumerate(load_jsonl(path), start=1):
+        for key in ("question", "answer"):
+            if not isinstance(row[key], str) or not row[key].strip():
+                raise ValueError(f"{path}: row {line_number}: {key!r} must be non-empty text, got {row[key]!r}")
         try:
             gold = gold_from_solution(row["answer"])
         except ValueError as error:
@@ -178,6 +181,9 @@ def response_prefix(template_name: str) -> str:
 # tokenizers
 
 
+CHAR_TOKENIZER_FILE = "char_tokenizer.json"  # CharTokenizer.save_pretrained's marker
+
+
 class CharTokenizer:
     """One token per character: printable ASCII and newline, plus <|pad|> and <|endoftext|> (eos).
     Ids are fixed by this alphabet, so a checkpoint only records the name "char". Hugging Face's interface."""
@@ -206,6 +212,11 @@ class CharTokenizer:
             ids.append(self.ids[char])
         return ids
 
+    def save_pretrained(self, directory: str):
+        """A marker file, so that load_tokenizer(directory) gives this tokenizer back (e.g. a run's hf/ export)."""
+        with open(os.path.join(directory, CHAR_TOKENIZER_FILE), "w") as f:
+            json.dump({"tokenizer": "char", "alphabet": self.ALPHABET}, f)
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text of ids (a list or 1-D tensor of ints); special tokens are dropped or written as their names."""
         pieces = []
@@ -219,9 +230,10 @@ class CharTokenizer:
 
 
 def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
-    """"char" -> CharTokenizer(); else a Hugging Face tokenizer (hub name, local dir, or gguf_file in it),
+    """"char" (or a directory CharTokenizer.save_pretrained wrote) -> CharTokenizer(); else a Hugging Face tokenizer
+    (hub name, local dir, or gguf_file in it),
     with a pad id guaranteed: batches are padded, so a tokenizer without one pads with eos."""
-    if name_or_path == "char":
+    if name_or_path == "char" or os.path.isfile(os.path.join(name_or_path, CHAR_TOKENIZER_FILE)):
         return CharTokenizer()
     from transformers import AutoTokenizer  # imported here: the character-level demo does not need transformers
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file)
@@ -369,6 +381,8 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;
     - heldout: heldout_size problems of the RL family, answer only, strictly novel: no chain occurs in warm or rl."""
+    if max_operand < 1 or max_start < 1:
+        raise ValueError(f"need max_operand >= 1 and max_start >= 1, got {max_operand} and {max_start}")
     for name, ops in (("warm_ops", warm_ops), ("rl_ops", rl_ops)):
         if len(ops) != 2 or not 1 <= ops[0] <= ops[1]:
             raise ValueError(f"{name} must be (min, max) operations with 1 <= min <= max, got {ops}")

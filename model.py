@@ -50,6 +50,14 @@ class ModelConfig:
     tie_embeddings: bool = True
 
     def __post_init__(self):
+        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "max_seq_len")
+        wrong = [f"{name}={getattr(self, name)!r}" for name in sizes
+                 if type(getattr(self, name)) is not int or getattr(self, name) < 1]
+        if wrong:
+            raise ValueError(f"model sizes must be whole numbers >= 1, got {', '.join(wrong)}")
+        if self.head_dim % 2 or not (self.rope_theta > 0 and self.norm_eps > 0):
+            raise ValueError(f"need an even head_dim (RoPE rotates pairs), rope_theta > 0 and norm_eps > 0, got "
+                             f"{self.head_dim}, {self.rope_theta}, {self.norm_eps}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type") != "llama3":
@@ -365,14 +373,17 @@ class Transformer(nn.Module):
         config.json (model_type qwen2 when the model has q/k/v biases, else llama) and model.safetensors in the
         weights' dtype, LoRA adapters folded in (the live model is not changed); a tied head is stored once, as
         the embedding. config.json takes bos/eos/pad_token_id from `tokenizer` (null without one, not Llama's
-        defaults), and a Hugging Face tokenizer's files are written beside the weights with its own save_pretrained;
-        data.CharTokenizer has no Hugging Face format, so its files are skipped.
+        defaults), and the tokenizer's files are written beside the weights with its own save_pretrained (for
+        data.CharTokenizer a marker file, which data.load_tokenizer reads back).
         """
         from safetensors.torch import save_file  # installed with transformers
         os.makedirs(out_dir, exist_ok=True)
         state = _to_hf_names(self.merged_state_dict(), self.config)
-        save_file({name: t.contiguous().cpu() for name, t in state.items()},
-                  os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+        weights = os.path.join(out_dir, "model.safetensors")
+        save_file({name: t.contiguous().cpu() for name, t in state.items()}, weights, metadata={"format": "pt"})
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600; the other files of the export follow the umask
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(out_dir)
         hf_config = self.config.to_hf(self.embed.weight.dtype)
@@ -478,19 +489,31 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     return lr * min(1.0, step / max(1, warmup_steps))
 
 
-def optimizer_step(model, optimizer, lr: float, grad_clip: float) -> torch.Tensor:
+def optimizer_step(model, optimizer, lr: float, grad_clip: float, loss: torch.Tensor | None = None) -> torch.Tensor:
     """The update every training step ends with (warm start, GRPO, the baselines): clip the global grad norm to
     grad_clip (0 = no clipping), step, zero the grads; returns the norm before clipping. A non-finite norm raises
-    FloatingPointError before the update, so the weights stay as they were."""
+    FloatingPointError before the update, so the weights stay as they were; with the step's loss, the message says
+    whether the loss was finite too (then the backward pass is suspect, not the learning rate)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
     if not torch.isfinite(norm):  # one host sync per update: the price of never writing nan weights
         optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError(f"gradient norm is {norm.item()}")
+        if loss is not None and torch.isfinite(loss):
+            raise FloatingPointError(
+                f"gradient norm is {norm.item()} while the loss is finite ({loss.item():.4g}), so the backward pass "
+                "made it: weights grown too large can (lower lr or grad_clip), and so can the attention backend or "
+                "bf16 on CUDA (try dtype='float32')")
+        raise FloatingPointError(f"gradient norm is {norm.item()}" + ("" if loss is None else f" and the loss "
+                                 f"{loss.item()}") + ": lower lr or grad_clip")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+def optimizer_updates(optimizer) -> int:
+    """How many updates the optimizer has taken (AdamW's step count; 0 before the first)."""
+    return next((int(state["step"]) for state in optimizer.state.values() if "step" in state), 0)
 
 
 def _download(name: str) -> str:

@@ -519,6 +519,11 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
     components = {name: _reward_values(name, functions[name], completions, golds, truncated, questions)
                   for name in weights}
     totals = [sum(weights[name] * components[name][i] for name in weights) for i in range(len(completions))]
+    for i, total in enumerate(totals):
+        if not math.isfinite(total):
+            raise RuntimeError(f"the weighted reward total is {total} for the completion {_shown(completions[i])}: "
+                               f"the rewards {({name: components[name][i] for name in weights})} with the weights "
+                               f"{weights} overflow; scale the rewards or the weights down")
     return totals, components
 
 # -----------------------------------------------------------------------------

@@ -47,14 +47,18 @@ def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device,
 
 
 def warm_start(model, optimizer, prompts, targets, steps, batch_size, lr, warmup_steps, grad_clip, micro_batch_size,
-               pad_id, device, autocast, chunk, seed, log_path):
-    """`steps` SFT steps on random batches of (prompt, target) token-id pairs; one JSON line per step in log_path."""
+               pad_id, device, autocast, chunk, seed, log_path, should_stop=None) -> int:
+    """`steps` SFT steps on random batches of (prompt, target) token-id pairs; one JSON line per step in log_path.
+    Returns the steps taken: fewer when should_stop() turned true (checked after each step)."""
     rng = random.Random(seed)
     with open(log_path, "w") as log:
         for step in (bar := tqdm(range(1, steps + 1), desc="sft", dynamic_ncols=True)):
             picked = rng.sample(range(len(prompts)), min(batch_size, len(prompts)))
             loss = sft_loss_backward(model, [prompts[i] for i in picked], [targets[i] for i in picked],
                                      micro_batch_size, pad_id, device, autocast, chunk)
-            optimizer_step(model, optimizer, warmup_lr(lr, step, warmup_steps), grad_clip)
+            optimizer_step(model, optimizer, warmup_lr(lr, step, warmup_steps), grad_clip, loss=loss)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
+            if should_stop is not None and should_stop():
+                return step
+    return steps

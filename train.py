@@ -35,8 +35,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import baselines
-from checkpoint import (fingerprint, load_init_weights, model_from_checkpoint, prepare_out_dir, read_checkpoint,
-                        save_checkpoint, tokenizer_of)
+from checkpoint import (RunLock, check_out_dir, check_out_dir_path, fingerprint, load_init_weights,
+                        model_from_checkpoint, read_checkpoint, save_checkpoint, start_out_dir, tokenizer_of)
 from config import TrainConfig, load_config
 from data import QuestionStream, encode_prompt, load_problems, write_jsonl
 from distributed import (all_samples, copy_weights, from_every_rank, init_distributed, rank, shard_optimizer_state,
@@ -44,7 +44,7 @@ from distributed import (all_samples, copy_weights, from_every_rank, init_distri
 from eval import score_questions, summarize, write_completions
 from grpo import group_advantages, grpo_loss, process_advantages, zero_std_group_fraction
 from logprobs import add_logprobs, completion_logprobs, make_micro_batches
-from model import ModelConfig, Transformer, optimizer_step, resolve_device, warmup_lr
+from model import ModelConfig, Transformer, optimizer_step, optimizer_updates, resolve_device, warmup_lr
 from reward_models import load_rewards
 from rollout import Samples, rollout_stats, sample_groups, shown_samples
 from sample import check_context
@@ -74,51 +74,64 @@ class Run:
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Run (or resume) training; returns {"pass@1_start", "pass@1_end", "step", "interrupted"}."""
-    run = setup(cfg)
+    """Run (or resume) training; returns {"pass@1_start", "pass@1_end", "step", "interrupted"} (interrupted: the
+    name of the signal that stopped the run early, or False)."""
+    check_out_dir_path(cfg)
+    with RunLock(cfg.out_dir), StopRequest() as stop:  # one run per out_dir; Ctrl-C and SIGTERM stop after a step
+        return loop(cfg, stop)
+
+
+def loop(cfg: TrainConfig, stop) -> dict:
+    summary = {"pass@1_start": None, "pass@1_end": None, "interrupted": False, "step": 0}
+    run = setup(cfg, stop)
+    main = rank() == 0  # under torchrun only rank 0 writes files and prints
+    if run is None:  # stopped during the warm start
+        summary["interrupted"] = stop.requested
+        if main:
+            tqdm.write(f"{stop.requested}: stopped during the warm start, which is not saved; the same command with "
+                       "--overwrite starts the run again")
+        return summary
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    summary = {"pass@1_start": None, "pass@1_end": None, "interrupted": False}
-    if run.step == 0:
+    if run.step == 0 and not cfg.resume:
         if cfg.eval_every > 0:
             summary["pass@1_start"] = held_out_eval(run, cfg)
         save_checkpoint(run, cfg, ckpt_path)  # a resume point after the warm start
         if cfg.warm_starts:  # eval.py can score the warm start alone after ckpt.pt moves on
             save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
-    main = rank() == 0  # under torchrun only rank 0 writes files and prints
     bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps, desc=cfg.method,
                dynamic_ncols=True, disable=not main)
-    with StopRequest() as stop:
-        for step in bar:
-            try:
-                record, shown = step_function(cfg.method)(run, cfg, step)
-            except FloatingPointError as error:
-                raise FloatingPointError(f"step {step}: {error}; stopped before the update, so {ckpt_path} keeps "
-                                         "the last good weights: lower lr or grad_clip") from None
-            run.step = step
+    for step in bar:
+        before = (run.stream.state_dict(), optimizer_updates(run.optimizer))
+        try:
+            record, shown = step_function(cfg.method)(run, cfg, step)
+        except Exception as error:  # steps up to step - 1 were complete: keep them if the weights are still theirs
+            saved = save_before_failure(run, cfg, ckpt_path, *before)
+            raise type(error)(f"step {step}: {error}; {saved}") if isinstance(error, FloatingPointError) else error
+        run.step = step
+        if main:
+            with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
+                f.write(json.dumps(record) + "\n")
+            bar.set_postfix({key: f"{record[key]:.4g}" for key in ("reward", "accuracy", "response_length", "kl",
+                                                                    "loss") if record.get(key) is not None})
+        if main and cfg.sample_every and step % cfg.sample_every == 0 and shown:
+            with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
+                f.writelines(json.dumps(s) + "\n" for s in shown)
+            tqdm.write(f"step {step} sample (reward {shown[0]['reward']:.2f}, gold {shown[0]['gold']}): "
+                       f"{shown[0]['completion'][:300]!r}")
+        if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
+            copy_weights(run.reference, run.policy)  # iterative GRPO
+        if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+            summary["pass@1_end"] = held_out_eval(run, cfg)
+        # torchrun forwards a signal to every rank, maybe not within the same step: any rank's request stops all
+        stopping = next(filter(None, from_every_rank(stop.requested)), False)
+        if stopping or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            save_checkpoint(run, cfg, ckpt_path)
+        if stopping:
+            summary["interrupted"] = stopping
             if main:
-                with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
-                    f.write(json.dumps(record) + "\n")
-                bar.set_postfix({key: f"{record[key]:.4g}" for key in ("reward", "accuracy", "response_length", "kl",
-                                                                        "loss") if record.get(key) is not None})
-            if main and cfg.sample_every and step % cfg.sample_every == 0 and shown:
-                with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
-                    f.writelines(json.dumps(s) + "\n" for s in shown)
-                tqdm.write(f"step {step} sample (reward {shown[0]['reward']:.2f}, gold {shown[0]['gold']}): "
-                           f"{shown[0]['completion'][:300]!r}")
-            if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
-                copy_weights(run.reference, run.policy)  # iterative GRPO
-            if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-                summary["pass@1_end"] = held_out_eval(run, cfg)
-            # torchrun forwards Ctrl-C to every rank, maybe not within the same step: any rank's request stops all
-            stopping = any(from_every_rank(stop.requested))
-            if stopping or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-                save_checkpoint(run, cfg, ckpt_path)
-            if stopping:
-                summary["interrupted"] = True
-                if main:
-                    tqdm.write(f"stopped after step {step}; {ckpt_path} holds it. Continue with the same command "
-                               "and --resume")
-                break
+                tqdm.write(f"{stopping}: stopped after step {step}; {ckpt_path} holds it. Continue with the same "
+                           "command and --resume")
+            break
     bar.close()
     summary["step"] = run.step
     if main and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub; from ckpt.pt: whole under FSDP2 too
@@ -129,6 +142,19 @@ def train(cfg: TrainConfig) -> dict:
         from plot import plot_run
         tqdm.write(f"curves: {plot_run(cfg.out_dir)}")
     return summary
+
+
+def save_before_failure(run: Run, cfg: TrainConfig, path: str, stream_state: dict, updates: int) -> str:
+    """After an exception inside a step: checkpoint the last complete step (run.step) if the weights are still its
+    (no optimizer update of the failed step had begun), with the question order put back to where that step left
+    it, so that --resume redoes the failed step. Returns what was done, for the error message."""
+    if optimizer_updates(run.optimizer) != updates:
+        return f"the step had updated the weights, so {path} keeps the last checkpoint written"
+    if dist.is_initialized() and cfg.sharding == "fsdp":  # gathering the shards would wait for the other ranks
+        return f"under FSDP2 nothing is saved after a failure; {path} keeps the last checkpoint written"
+    run.stream.load_state_dict(stream_state)
+    save_checkpoint(run, cfg, path)
+    return f"stopped before the update, so {path} keeps the last good weights, those of step {run.step}"
 
 
 def step_function(method: str):
@@ -164,7 +190,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     lr, stats = warmup_lr(cfg.lr, step, cfg.warmup_steps), {}
     for _ in range(cfg.mu):
         epoch = policy_gradient(run.ddp or run.policy, batches, cfg, run.autocast)
-        epoch["grad_norm"] = whole(optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip))
+        epoch["grad_norm"] = whole(optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip, loss=epoch["loss"]))
         stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
     # 5. sync the sampler: it generates the next step's rollout with the new weights
     if run.sampler is not run.policy:
@@ -234,15 +260,17 @@ def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, to
 # set-up: a new run, or a resumed one
 
 
-def setup(cfg: TrainConfig) -> Run:
-    """Load data, tokenizer and model; a new run does the warm start, a resumed one loads ckpt.pt."""
+def setup(cfg: TrainConfig, stop=None) -> Run | None:
+    """Load data, tokenizer and model; a new run does the warm start, a resumed one loads ckpt.pt. Every check runs
+    before out_dir changes (an --overwrite deletes the old run only then). None: `stop` was requested during the
+    warm start."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device, dtype = resolve_device(cfg.device, cfg.dtype)
     device = init_distributed(device)
     # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
-    state = prepare_out_dir(cfg)
+    state = check_out_dir(cfg)
     tokenizer = tokenizer_of(cfg.model, cfg.tokenizer, cfg.gguf_file)
     warm, problems, heldout = load_problems(cfg)
     if cfg.method == "sft_more":  # the baseline that only continues the warm start, on the warm start's family
@@ -268,6 +296,7 @@ def setup(cfg: TrainConfig) -> Run:
                   cfg.max_new_tokens, policy.config.max_seq_len)
     if state is None and cfg.init_from:
         load_init_weights(policy, cfg.init_from, warm, check_warm_set=cfg.dataset == "synthetic_split")
+    start_out_dir(cfg, state)  # every check passed: now clear an old run (--overwrite) or cut the logs back (--resume)
     policy.to(device).grad_checkpointing = cfg.grad_checkpointing
     if rank() == 0:
         write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))  # what `python eval.py --data` re-scores
@@ -275,10 +304,14 @@ def setup(cfg: TrainConfig) -> Run:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
 
     if warm_prompts:  # the warm start: worked solutions, its own optimizer
-        warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas), warm_prompts,
-                   [sft_target(tokenizer, p) for p in warm], cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr,
-                   cfg.warmup_steps, cfg.grad_clip, cfg.micro_batch_size, tokenizer.pad_token_id, device, autocast,
-                   cfg.logprob_chunk, cfg.seed, os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull)
+        done = warm_start(policy, policy.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas),
+                          warm_prompts, [sft_target(tokenizer, p) for p in warm], cfg.sft_steps, cfg.sft_batch_size,
+                          cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip, cfg.micro_batch_size, tokenizer.pad_token_id,
+                          device, autocast, cfg.logprob_chunk, cfg.seed,
+                          os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull,
+                          should_stop=(lambda: any(from_every_rank(stop.requested))) if stop else None)
+        if done < cfg.sft_steps:
+            return None
     if state is None and cfg.lora_rank > 0:  # after the warm start: SFT trains every weight
         policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
     # torchrun: every rank takes rank 0's weights (a warm start on GPU is not bitwise reproducible). Under FSDP2 the
@@ -333,22 +366,26 @@ def held_out_eval(run: Run, cfg: TrainConfig) -> float:
 
 
 class StopRequest:
-    """Ctrl-C during training asks the loop to stop after the current step and save; a second Ctrl-C stops at once."""
+    """Ctrl-C (SIGINT) or SIGTERM (what Slurm, Kubernetes and most schedulers send before SIGKILL) asks the loop to
+    stop after the current step and save; `requested` is then the signal's name. A second Ctrl-C stops at once, a
+    second SIGTERM terminates."""
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
-        self.requested, self.previous = False, None
+        self.requested, self.previous = False, {}
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
-            self.previous = signal.signal(signal.SIGINT, self._handler)
+            self.previous = {signum: signal.signal(signum, self._handler) for signum in self.SIGNALS}
         return self
 
     def _handler(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, self.previous)
-        tqdm.write("Ctrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to stop at once)")
+        self.requested = signal.Signals(signum).name
+        signal.signal(signum, self.previous[signum])
+        tqdm.write(f"{self.requested}: stopping after the current step"
+                   + (" (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""))
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
 
 
 if __name__ == "__main__":
@@ -358,4 +395,4 @@ if __name__ == "__main__":
         dist.destroy_process_group()
     if rank() == 0:
         print(json.dumps(result))
-    sys.exit(130 if result["interrupted"] else 0)
+    sys.exit(128 + signal.Signals[result["interrupted"]].value if result["interrupted"] else 0)

@@ -44,7 +44,7 @@ micro_batch_size = 128
 eval_every = 20
 eval_batch_size = 300
 sample_every = 10
-checkpoint_every = 0
+checkpoint_every = 20  # a SIGKILL or a lost machine costs at most the steps since the last
 out_dir = "out/demo"
 device = "cpu"  # the numbers in docs/experiments.md are CPU numbers; --device=auto would take a GPU (bf16) and other numbers
 threads = 1  # CPU sums depend on the thread count: with 2 threads the same seed gives another warm start (docs/experiments.md)

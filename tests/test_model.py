@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from data import CharTokenizer
+from data import CharTokenizer, load_tokenizer
 from model import LORA_TARGETS, KVCache, ModelConfig, Transformer
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
@@ -185,7 +185,7 @@ def test_save_pretrained_round_trips_through_transformers_after_training(kind, t
         torch.testing.assert_close(reloaded(ids, attention_mask=mask), expected)
 
 
-def test_save_pretrained_writes_a_hugging_face_tokenizer_and_skips_the_char_one(tmp_path):
+def test_save_pretrained_writes_a_hugging_face_tokenizer_and_marks_the_char_one(tmp_path):
     from transformers import AutoTokenizer
     from test_train import QWEN_TOKENIZER
     tokenizer = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
@@ -198,7 +198,8 @@ def test_save_pretrained_writes_a_hugging_face_tokenizer_and_skips_the_char_one(
         assert json.load(f)["eos_token_id"] == tokenizer.eos_token_id
     char = CharTokenizer()
     ours.save_pretrained(str(tmp_path / "char"), tokenizer=char)
-    assert sorted(os.listdir(tmp_path / "char")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "char")) == ["char_tokenizer.json", "config.json", "model.safetensors"]
+    assert isinstance(load_tokenizer(str(tmp_path / "char")), CharTokenizer)  # eval.py --model DIR reads it back
     config = AutoModelForCausalLM.from_pretrained(tmp_path / "char").config
     assert (config.eos_token_id, config.pad_token_id) == (char.eos_token_id, char.pad_token_id)
 
