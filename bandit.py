@@ -22,13 +22,21 @@ Every step draws the same group_size actions from the current policy for every a
 Adam by default: its per-parameter step size does not depend on the advantage scale, so one lr fits GRPO's
 unit-std advantages and REINFORCE's raw rewards alike (--optimizer sgd to see the difference).
 Reported metrics are exact sums over the 10 actions, not sample estimates.
+
+    python bandit.py --kl_table                    # where each KL estimator (grpo.KL_ESTIMATORS) leads GRPO
+
+With a uniform reference, the policy that maximises E_pi[r] - beta KL(pi || pi_ref) is known in closed form,
+pi*(a) proportional to pi_ref(a) exp(r(a) / beta); the one that maximises E_pi[r] - beta KL(pi_ref || pi) (the forward
+KL, which k3's gradient follows) solves pi(a) = beta pi_ref(a) / (beta - r(a) + lambda), lambda making it sum to 1.
+--kl_table trains GRPO with each estimator and unbiased advantages (RLOO, no std scaling: the expected gradient is
+that of E_pi[r], so these optima are the stationary points) and prints how far the final policy lies from each.
 """
 import argparse
 import time
 
 import torch
 
-from grpo import group_advantages, grpo_loss
+from grpo import KL_ESTIMATORS, group_advantages, grpo_loss, kl_penalized_rewards
 
 LANDSCAPES = ("single", "double", "linear")
 ALGORITHMS = ("grpo", "reinforce", "reinforce_baseline")
@@ -61,11 +69,13 @@ def policy_metrics(logits, ref_logp, reward) -> torch.Tensor:
 
 
 def run(landscape: str, algorithm: str, seed: int = 0, steps: int = 200, group_size: int = 8, lr: float = 0.05,
-        clip_eps: float = 0.2, beta: float = 0.04, mu: int = 1, optimizer: str = "adam", peak: int = 7) -> dict:
+        clip_eps: float = 0.2, beta: float = 0.04, mu: int = 1, optimizer: str = "adam", peak: int = 7,
+        kl_estimator: str = "k3", adv_baseline: str = "mean", adv_scale: str = "std") -> dict:
     """Train one policy; returns float32 curves, index t = after t updates (0 = the uniform start):
     expected_reward, pi_best, kl, entropy [steps + 1]; policy [steps + 1, 10]; and per step [steps]: batch_reward
     (mean sampled reward) and baseline (what was subtracted: 0, the group mean, or the moving average b_t);
-    reward [10], the landscape.
+    reward [10], the landscape. grpo takes kl_estimator (grpo.KL_ESTIMATORS), adv_baseline and adv_scale
+    (grpo.group_advantages); "k1_reward" subtracts beta * log pi(a) / pi_ref(a) from each reward instead.
     Deterministic per seed: sampling uses its own torch.Generator, the start is uniform."""
     reward = rewards_of(landscape, peak)
     if algorithm not in ALGORITHMS:
@@ -89,7 +99,10 @@ def run(landscape: str, algorithm: str, seed: int = 0, steps: int = 200, group_s
             actions = torch.multinomial(old_logp_all.exp(), group_size, replacement=True, generator=generator)
         r = reward[actions]
         if algorithm == "grpo":
-            advantages, baseline = group_advantages(r, group_size), r.mean().item()
+            penalized = kl_penalized_rewards(r, (old_logp_all - ref_logp)[actions], beta) \
+                if kl_estimator == "k1_reward" else r
+            advantages = group_advantages(penalized, group_size, baseline=adv_baseline, scale=adv_scale)
+            baseline = r.mean().item()
         elif algorithm == "reinforce":
             advantages, baseline = group_advantages(r, group_size, baseline="none", scale="none"), 0.0
         else:
@@ -101,7 +114,7 @@ def run(landscape: str, algorithm: str, seed: int = 0, steps: int = 200, group_s
             logp = torch.log_softmax(logits, dim=-1)[actions].unsqueeze(1)
             if algorithm == "grpo":
                 loss, _ = grpo_loss(logp, old_logp, ref_logp[actions].unsqueeze(1), advantages, mask,
-                                    clip_eps=clip_eps, beta=beta)
+                                    clip_eps=clip_eps, beta=beta, kl_estimator=kl_estimator)
             else:
                 loss, _ = grpo_loss(logp, None, None, advantages, mask, beta=0.0)
             opt.zero_grad()
@@ -115,6 +128,45 @@ def run(landscape: str, algorithm: str, seed: int = 0, steps: int = 200, group_s
     curves = dict(zip(METRICS, torch.stack(metrics).T))
     return {**curves, "policy": torch.stack(policy), "batch_reward": torch.tensor(batch_reward),
             "baseline": torch.tensor(baselines), "reward": reward}
+
+
+def reverse_kl_optimum(reward: torch.Tensor, beta: float) -> torch.Tensor:
+    """argmax_pi E_pi[r] - beta KL(pi || uniform) = softmax(r / beta)."""
+    return torch.softmax(reward.double() / beta, -1).float()
+
+
+def forward_kl_optimum(reward: torch.Tensor, beta: float) -> torch.Tensor:
+    """argmax_pi E_pi[r] - beta KL(uniform || pi): pi(a) = beta / 10 / (beta - r(a) + lam), lam found by bisection
+    so that it sums to 1 (the sum falls as lam grows, from infinity at lam = max(r) - beta)."""
+    r, ref = reward.double(), 0.1
+    low, high = (r.max() - beta).item(), r.max().item() + beta
+    for _ in range(200):
+        lam = (low + high) / 2
+        low, high = (lam, high) if (beta * ref / (beta - r + lam)).sum() > 1 else (low, lam)
+    p = beta * ref / (beta - r + lam)
+    return (p / p.sum()).float()
+
+
+def kl_table(landscapes, betas, seeds: int, steps: int = 1000, group_size: int = 16, lr: float = 0.02) -> list[str]:
+    """Markdown rows: for each landscape, beta and KL estimator, the final GRPO policy's total variation distance
+    and exact KL to pi* (the reverse-KL optimum) and its distance to the forward-KL optimum, mean ± std over seeds."""
+    rows = ["| landscape | beta | kl_estimator | TV(pi, pi*) | KL(pi ‖ pi*) | TV(pi, forward-KL optimum) |",
+            "|---|---|---|---|---|---|"]
+    for landscape in landscapes:
+        reward = rewards_of(landscape)
+        for beta in betas:
+            best, forward = reverse_kl_optimum(reward, beta), forward_kl_optimum(reward, beta)
+            for estimator in KL_ESTIMATORS:
+                finals = [run(landscape, "grpo", seed, steps=steps, group_size=group_size, lr=lr, beta=beta,
+                              kl_estimator=estimator, adv_baseline="rloo", adv_scale="none")["policy"][-1]
+                          for seed in range(seeds)]
+                cells = [torch.tensor([0.5 * (p - best).abs().sum() for p in finals]),
+                         torch.tensor([(p * (p / best).log()).sum().clamp(min=0) for p in finals]),  # >= 0 exactly
+                         torch.tensor([0.5 * (p - forward).abs().sum() for p in finals])]
+                rows.append(f"| {landscape} | {beta} | {estimator} | " + " | ".join(
+                    f"{c.mean():.4f} ± {c.std() if seeds > 1 else 0:.4f}" for c in cells) + " |")
+            rows.append(f"| {landscape} | {beta} | (pi* itself) | 0 | 0 | {0.5 * (best - forward).abs().sum():.4f} |")
+    return rows
 
 
 def steps_to_reach(curve: torch.Tensor, target: float) -> int | None:
@@ -175,17 +227,29 @@ def main():
     parser.add_argument("--peak", type=int, default=7, help="centre of the single peak, an action in 1..10")
     parser.add_argument("--group_size", type=int, default=8, help="actions sampled per step, every algorithm")
     parser.add_argument("--clip_eps", type=float, default=0.2)
-    parser.add_argument("--beta", type=float, default=0.04, help="k3 KL weight (grpo only)")
+    parser.add_argument("--beta", type=float, default=0.04, help="KL weight (grpo only)")
     parser.add_argument("--mu", type=int, default=1, help="grpo updates per sampled group")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=5, help="runs per cell, seeds 0..N-1")
+    parser.add_argument("--kl_estimator", choices=KL_ESTIMATORS, default="k3", help="grpo's KL term (grpo.py)")
+    parser.add_argument("--kl_table", action="store_true", help="each KL estimator's distance to the optimum "
+                        "(--betas, --seeds, --landscapes; 1000 steps, G 16, lr 0.02, RLOO advantages)")
+    parser.add_argument("--betas", type=float, nargs="+", default=[0.3, 1.0], help="--kl_table's KL weights")
     parser.add_argument("--out", default="bandit.png")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
-    hyper = {k: getattr(args, k) for k in ("steps", "group_size", "lr", "clip_eps", "beta", "mu", "optimizer", "peak")}
+    if args.kl_table:
+        start = time.time()
+        print(f"GRPO, {args.seeds} seeds x 1000 steps, G 16, Adam lr 0.02, RLOO advantages (no std scaling); the final "
+              "policy; mean ± std over seeds")
+        print("\n".join(kl_table(args.landscapes, args.betas, args.seeds)))
+        print(f"{time.time() - start:.1f} s")
+        return
+    hyper = {k: getattr(args, k) for k in ("steps", "group_size", "lr", "clip_eps", "beta", "mu", "optimizer", "peak",
+                                           "kl_estimator")}
     start = time.time()
     results = {(landscape, algorithm): [run(landscape, algorithm, seed, **hyper) for seed in range(args.seeds)]
                for landscape in args.landscapes for algorithm in ALGORITHMS}

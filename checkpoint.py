@@ -24,7 +24,7 @@ from model import ModelConfig, Transformer
 
 # what a run writes in out_dir; --overwrite deletes these, and eval_NNNNN.jsonl, and nothing else
 RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
-             "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "ckpt_eval", "sft_eval")
+             "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "ckpt_eval", "sft_eval", "tb", "wandb")
 LOCK_FILE = "train.lock"  # there while a run holds out_dir (RunLock)
 
 
@@ -185,7 +185,7 @@ def save_checkpoint(run, cfg, path: str, full: bool = True):
     Under torchrun every rank calls it and rank 0 writes whole tensors in the single-process layout (FSDP2 shards
     gathered), so a run resumes under any number of ranks and either sharding."""
     state = {"model": gathered_to_rank0(run.policy.state_dict()), "model_config": dataclasses.asdict(run.policy.config),
-             "config": dataclasses.asdict(cfg), "step": run.step, "warm_set": run.warm_set}
+             "config": dataclasses.asdict(cfg), "step": run.step, "warm_set": run.warm_set, "run_id": run.run_id}
     if full:
         optimizer = run.optimizer.state_dict()  # its per-weight dicts are the optimizer's own: gather copies
         optimizer["state"] = {i: gathered_to_rank0(dict(moments)) for i, moments in optimizer["state"].items()}

@@ -10,6 +10,7 @@ and a bare --flag sets a bool key. A key that was renamed still loads under its 
 import ast
 import dataclasses
 import difflib
+import importlib.util
 import inspect
 import math
 import os
@@ -67,6 +68,7 @@ class TrainConfig:
     adv_scale: str = "std"  # "std" (GRPO) | "none" (Dr. GRPO)
     loss_agg: str = "seq_mean"  # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
     beta: float = 0.04  # KL weight; 0 = no reference model at all
+    kl_estimator: str = "k3"  # grpo.KL_ESTIMATORS: "k3" (DeepSeekMath's), "k3_is", "k2" or "k1_reward" (see grpo.py)
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher
     mu: int = 1  # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
@@ -98,6 +100,8 @@ class TrainConfig:
     sample_every: int = 10  # print and save a few completions every N steps; 0 = never
     checkpoint_every: int = 50  # and at the end; 0 = only at the end
     out_dir: str = "out/gsm8k"
+    wandb_project: str = ""  # log every record to Weights & Biases under this project ("" = off; pip install wandb)
+    tensorboard: bool = False  # and/or to TensorBoard, out_dir/tb (pip install tensorboard)
     resume: bool = False  # continue out_dir/ckpt.pt; its config wins, only RESUMABLE keys may differ
     overwrite: bool = False  # start again in an out_dir that holds a run, deleting that run's files
     # system
@@ -125,7 +129,8 @@ DATASETS = ("gsm8k", "synthetic", "synthetic_split")
 # keys a resumed run may change: they do not change what is computed, only how often or in what pieces
 # (out_dir too: a run resumes wherever it now lies)
 RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
-             "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume", "overwrite", "out_dir")
+             "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume", "overwrite", "out_dir",
+             "wandb_project", "tensorboard")
 RENAMED_KEYS = {"algorithm": "method"}  # old name -> new name: old configs and checkpoints still load
 RENAMED_VALUES = {("dataset", "demo"): "synthetic_split"}
 
@@ -202,6 +207,10 @@ def validate(cfg: TrainConfig):
          f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_warm/sft.pt)")
     need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
          f"reward_weights must be finite numbers, got {cfg.reward_weights}")
+    for wanted, package in ((cfg.wandb_project, "wandb"), (cfg.tensorboard, "tensorboard")):
+        need(not wanted or installed(package),
+             f"{'wandb_project' if package == 'wandb' else 'tensorboard'} asks for {package}, which is not installed: "
+             f"pip install {package}" + (" (WANDB_MODE=offline logs without a network)" if package == "wandb" else ""))
     need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
     need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     try:  # grpo.py, data.py and reward_models.py own the allowed values: a dry run on a tiny batch checks them
@@ -216,9 +225,13 @@ def validate(cfg: TrainConfig):
         resolve_device(cfg.device, cfg.dtype)
         group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
         grpo_loss(torch.zeros(1, 1), None, torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg.clip_eps,
-                  cfg.clip_eps_high, cfg.beta, cfg.loss_agg)
+                  cfg.clip_eps_high, cfg.beta, cfg.loss_agg, kl_estimator=cfg.kl_estimator)
     except (ValueError, TypeError) as error:
         raise ValueError(f"config: {error}") from None
+
+
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
 def load_config(argv: list[str]) -> TrainConfig:

@@ -96,6 +96,13 @@ def summed_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def max_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor's elementwise maximum over the ranks, in place (a collective); tensor itself in a single process."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
 def from_every_rank(obj) -> list:
     """[rank 0's obj, rank 1's, ...] (a collective); [obj] in a single process."""
     if not dist.is_initialized():

@@ -2,14 +2,35 @@
 
 Advantages: group_advantages (outcome rewards; GRPO, Dr. GRPO, RLOO, REINFORCE) and
 process_advantages (per-step rewards). Loss: grpo_loss (PPO-clipped ratio, optional DAPO clip-higher,
-k3 KL to a reference, three loss aggregations that stay exact under gradient accumulation).
-A batch holds n_groups * group_size completions; each consecutive block of group_size rows answers one prompt.
+a KL penalty toward a reference by one of KL_ESTIMATORS, three loss aggregations that stay exact under gradient
+accumulation); kl_penalized_rewards for the KL in the reward instead. A batch holds n_groups * group_size
+completions; each consecutive block of group_size rows answers one prompt.
+
+Which KL estimator (r = pi_ref / pi_theta at a sampled token, samples from pi_old; on-policy: pi_old = pi_theta):
+    k3         r - log r - 1, added to the loss (DeepSeekMath, TRL's default). Its value is an unbiased estimate of
+               KL(pi_theta || pi_ref) on-policy, but its expected gradient is that of the other KL:
+               E[grad k3] = E[(1 - r) grad log pi_theta] = grad KL(pi_ref || pi_theta), the forward KL.
+    k3_is      k3 times the ratio pi_theta / pi_old (which carries the gradient; value 1 on-policy): the same value,
+               and E_old[ratio * k3] = KL(pi_theta || pi_ref) exactly, so its gradient is that of the reverse KL
+               for any pi_old, on-policy or off (TRL issue #4967, arXiv:2512.21852).
+    k2         (log r)^2 / 2, added to the loss (verl's "mse"): on-policy gradient
+               E[(log pi_theta - log pi_ref) grad log pi_theta] = grad KL(pi_theta || pi_ref); its value is not an
+               unbiased estimate of either KL (a second-order one near pi_ref). Off-policy (mu > 1) its expected
+               gradient is that of E_old[(log r)^2] / 2, which is not a KL's.
+    k1_reward  k1 = log pi_theta / pi_ref summed over the sequence, subtracted from the sequence's reward before the
+               group normalisation (kl_penalized_rewards; PPO-style): the score-function gradient
+               E[(R - beta k1) grad log pi] = grad (E[R] - beta KL(pi_theta || pi_ref)) on-policy, exactly when the
+               advantages are unbiased (adv_scale="none" with rloo or no baseline; "mean" scales it by (G-1)/G, and
+               "std" divides by the group's spread). k1 as a loss term has zero expected gradient.
+The value logged as "kl" is k3's whatever the estimator, so curves stay comparable; it estimates
+KL(pi_theta || pi_ref) on-policy, i.e. at the first of mu > 1 updates (the samples come from pi_old after that).
 """
 import torch
 
 BASELINES = ("mean", "rloo", "none")
 SCALES = ("std", "none")
 LOSS_AGGS = ("seq_mean", "token_mean", "constant")
+KL_ESTIMATORS = ("k3", "k3_is", "k2", "k1_reward")
 KL_LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8 is finite in fp32; one outlier token cannot overflow the k3 term
 
 
@@ -95,8 +116,17 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
     return at_end.flip(1).cumsum(1).flip(1)
 
 
+def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
+    """kl_estimator="k1_reward": rewards [B] minus beta times each sequence's log pi_theta / pi_ref [B] (k1 summed
+    over its tokens, under the policy that sampled it), before group_advantages; the loss then adds no KL term."""
+    if rewards.shape != sequence_log_ratio.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and sequence_log_ratio {tuple(sequence_log_ratio.shape)} "
+                         "must both be [B]")
+    return rewards.float() - beta * sequence_log_ratio.float()
+
+
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps=0.2, clip_eps_high=None, beta=0.04,
-              loss_agg="seq_mean", num_sequences=None, num_tokens=None, constant_norm=None):
+              loss_agg="seq_mean", num_sequences=None, num_tokens=None, constant_norm=None, kl_estimator="k3"):
     """GRPO loss to minimise (= -J of DeepSeekMath) for one batch or micro-batch; returns (loss, stats).
 
     logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded positions
@@ -106,8 +136,10 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps=0.2, clip_eps
     ref_logp [B, T] or None: under the reference model; may be None only when beta == 0.
     advantages [B] (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens,
         stop token included.
-    Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, with
-    KL = exp(ref - logp) - (ref - logp) - 1 (k3, >= 0) in fp32 with ref - logp clamped to +-20.
+    Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, KL by kl_estimator
+    (KL_ESTIMATORS; the module docstring says which KL each one's value and gradient follow): "k3" (default,
+    DeepSeekMath's) exp(ref - logp) - (ref - logp) - 1, "k3_is" ratio * k3, "k2" (ref - logp)^2 / 2, all in fp32
+    with ref - logp clamped to +-20; "k1_reward" adds none (the KL is in the rewards: kl_penalized_rewards).
     clip_eps_high defaults to clip_eps; set it larger for DAPO clip-higher.
     loss_agg, with N = num_sequences, |o_i| = masked tokens of row i:
         "seq_mean"   (DeepSeekMath): sum_i (sum_t loss_it / |o_i|) / N
@@ -121,11 +153,14 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps=0.2, clip_eps
             loss.backward()                                # summed gradients == full-batch gradient
     stats (detached 0-d tensors, no host sync here), each a sum over this call's masked tokens divided by
     num_tokens (default: this call's count, giving a mean), so that, like the loss, micro-batch stats add up to
-    the whole batch's means: "kl" (nan when ref_logp is None), "clip_frac_low" (A < 0 and ratio < 1-clip_eps),
-    "clip_frac_high" (A > 0 and ratio > 1+clip_eps_high), "ratio_mean".
+    the whole batch's means: "kl" (k3's value whatever the estimator; nan when ref_logp is None),
+    "clip_frac_low" (A < 0 and ratio < 1-clip_eps), "clip_frac_high" (A > 0 and ratio > 1+clip_eps_high),
+    "ratio_mean".
     """
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
     if beta > 0 and ref_logp is None:
         raise ValueError(f"beta={beta} needs ref_logp; pass beta=0 to train without a reference model")
     clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
@@ -150,8 +185,9 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps=0.2, clip_eps
     if ref_logp is not None:
         log_ratio = (ref_logp.float() - logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
         kl = torch.exp(log_ratio) - log_ratio - 1
-        if beta > 0:
-            token_loss = token_loss + beta * kl
+        if beta > 0 and kl_estimator != "k1_reward":
+            penalty = {"k3": kl, "k3_is": ratio * kl, "k2": 0.5 * log_ratio ** 2}[kl_estimator]
+            token_loss = token_loss + beta * penalty
 
     masked_sum = (token_loss * weights).sum(dim=1)  # [B]
     n_seq = logp.shape[0] if num_sequences is None else num_sequences

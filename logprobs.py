@@ -17,9 +17,11 @@ class MicroBatch:
     attention_mask: torch.Tensor  # [b, P + N] bool: real tokens
     mask: torch.Tensor  # [b, N] bool: completion tokens, stop token included
     prompt_width: int  # P
-    advantages: torch.Tensor  # [b] float32, or [b, N] per token
+    advantages: torch.Tensor | None  # [b] float32, or [b, N] per token (set_advantages)
+    rows: list[int] | None = None  # the step's rows this micro-batch holds, in its order
     old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
     ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
+    sampler_logp: torch.Tensor | None = None  # [b, N] as the sampler computed them when it drew the tokens
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
@@ -34,20 +36,41 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
     return ids, attention_mask, attention_mask[:, width:].clone(), width
 
 
-def make_micro_batches(prompts, completions, advantages, size: int, pad_id: int, device) -> list[MicroBatch]:
+def make_micro_batches(prompts, completions, advantages, size: int, pad_id: int, device,
+                       sampler_logprobs: list[list[float]] | None = None) -> list[MicroBatch]:
     """Split rows into micro-batches of `size` rows of similar total length (less padding). Any split is exact
     because the loss normalisers are whole-batch; rows are reordered, so keep per-row data in the MicroBatch.
-    advantages: [B] (one per completion) or [B, T] (per token, T >= the longest completion): a micro-batch keeps its
-    rows and, per token, its own N completion columns."""
+    advantages: see set_advantages, or None to set them later; sampler_logprobs: each completion's per-token
+    log-probs from the sampler (sample.Rollout.logprobs), kept as sampler_logp to measure the trainer's against."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
     batches = []
     for start in range(0, len(order), size):
         rows = order[start:start + size]
         ids, attention_mask, mask, width = pack([prompts[i] for i in rows], [completions[i] for i in rows], pad_id)
-        batch_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, :mask.shape[1]]
-        batches.append(MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width,
-                                  batch_advantages.to(device)))
+        batch = MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width, None, rows)
+        if sampler_logprobs is not None:
+            batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(
+                mask, torch.tensor([x for i in rows for x in sampler_logprobs[i]])).to(device)
+        batches.append(batch)
+    if advantages is not None:
+        set_advantages(batches, advantages)
     return batches
+
+
+def set_advantages(batches: list[MicroBatch], advantages: torch.Tensor):
+    """advantages: [B] (one per completion) or [B, T] (per token, T >= the longest completion), in the step's row
+    order: each micro-batch takes its rows and, per token, its own N completion columns."""
+    for batch in batches:
+        rows = advantages[batch.rows]
+        batch.advantages = (rows if advantages.dim() == 1 else rows[:, :batch.mask.shape[1]]).to(batch.ids.device)
+
+
+def sequence_sums(batches: list[MicroBatch], values, n: int) -> torch.Tensor:
+    """[n] (on the CPU): for each row of the step, the sum over its completion tokens of values(batch) [b, N]."""
+    sums = torch.zeros(n)
+    for batch in batches:
+        sums[batch.rows] = (values(batch) * batch.mask).sum(dim=1).float().cpu()
+    return sums
 
 
 def _chunk_logprobs(lm_head, hidden, targets, temperature):

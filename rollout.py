@@ -28,6 +28,7 @@ class Samples:
     completions: list[list[int]]  # generated token ids, stop token included
     texts: list[str]  # decoded completions, without a final end-of-text token (a final "</answer>" is kept)
     stopped: list[bool]  # False: cut at max_new_tokens
+    logprobs: list[list[float]]  # the sampler's log-prob of each completion token (at the sampling temperature)
     rewards: list[float]  # weighted sum of the reward components
     components: dict[str, list[float]]  # each reward, unweighted; "correctness" and "format" always present
     seconds_sampling: float  # generate, to the tokens on the host
@@ -46,6 +47,7 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                        stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id)
     tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
+    logprobs = [row[:n] for row, n in zip(rollout.logprobs.tolist(), lengths)]
     completions, sampled = [row[:n] for row, n in zip(tokens, lengths)], time.perf_counter()
     texts = [tokenizer.decode(c[:-1] if c[-1] in end_of_text else c) for c in completions]  # "</answer>" is kept
     prefix = response_prefix(template)  # the prompt ends in "<think>": the format reward judges the whole response
@@ -54,8 +56,8 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
                                             {"correctness": 0.0, "format": 0.0, **weights}, questions, functions)
     claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
               for text, ids, stop in zip(texts, completions, stopped)] if process else None
-    return Samples(completions, texts, stopped, rewards, components, sampled - start, time.perf_counter() - sampled,
-                   claims)
+    return Samples(completions, texts, stopped, logprobs, rewards, components, sampled - start,
+                   time.perf_counter() - sampled, claims)
 
 
 def sample_groups(run, cfg, step: int) -> tuple[list[int], list[list[int]], Samples]:

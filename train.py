@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import typing
+import uuid
 from dataclasses import dataclass, field
 
 import torch
@@ -39,16 +40,17 @@ from checkpoint import (RunLock, check_out_dir, check_out_dir_path, fingerprint,
                         model_from_checkpoint, read_checkpoint, save_checkpoint, start_out_dir, tokenizer_of)
 from config import TrainConfig, load_config
 from data import QuestionStream, encode_prompt, load_problems, write_jsonl
-from distributed import (all_samples, copy_weights, from_every_rank, init_distributed, rank, shard_optimizer_state,
-                         spread, summed_over_ranks, whole, world_size)
+from distributed import (all_samples, copy_weights, from_every_rank, init_distributed, max_over_ranks, rank,
+                         shard_optimizer_state, spread, summed_over_ranks, whole, world_size)
 from eval import score_questions, summarize, write_completions
-from grpo import group_advantages, grpo_loss, process_advantages, zero_std_group_fraction
-from logprobs import add_logprobs, completion_logprobs, make_micro_batches
+from grpo import group_advantages, grpo_loss, kl_penalized_rewards, process_advantages, zero_std_group_fraction
+from logprobs import add_logprobs, completion_logprobs, make_micro_batches, sequence_sums, set_advantages
 from model import ModelConfig, Transformer, optimizer_step, optimizer_updates, resolve_device, warmup_lr
 from reward_models import load_rewards
 from rollout import Samples, rollout_stats, sample_groups, shown_samples
 from sample import check_context
 from sft import sft_target, warm_start
+from tracker import Tracker
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Run:
     rewards: dict = field(default_factory=dict)  # the loaded non-rule rewards (reward_models.load_rewards)
     ddp: DistributedDataParallel | None = None  # torchrun, sharding="ddp": the loss runs through this wrapper
     warm_set: str = ""  # fingerprint of the warm-start set (checkpoint.fingerprint), recorded in checkpoints
+    run_id: str = ""  # the run's own id, kept in its checkpoints (a resumed run goes on in the same wandb run)
 
 # -----------------------------------------------------------------------------
 # the loop
@@ -77,24 +80,35 @@ def train(cfg: TrainConfig) -> dict:
     """Run (or resume) training; returns {"pass@1_start", "pass@1_end", "step", "interrupted"} (interrupted: the
     name of the signal that stopped the run early, or False)."""
     check_out_dir_path(cfg)
-    with RunLock(cfg.out_dir), StopRequest() as stop:  # one run per out_dir; Ctrl-C and SIGTERM stop after a step
-        return loop(cfg, stop)
-
-
-def loop(cfg: TrainConfig, stop) -> dict:
-    summary = {"pass@1_start": None, "pass@1_end": None, "interrupted": False, "step": 0}
-    run = setup(cfg, stop)
     main = rank() == 0  # under torchrun only rank 0 writes files and prints
-    if run is None:  # stopped during the warm start
-        summary["interrupted"] = stop.requested
-        if main:
-            tqdm.write(f"{stop.requested}: stopped during the warm start, which is not saved; the same command with "
-                       "--overwrite starts the run again")
-        return summary
+    with RunLock(cfg.out_dir), StopRequest() as stop:  # one run per out_dir; Ctrl-C and SIGTERM stop after a step
+        run = setup(cfg, stop)
+        if run is None:
+            if main:
+                tqdm.write(f"{stop.requested}: stopped during the warm start, which is not saved; the same command "
+                           "with --overwrite starts the run again")
+            return {"pass@1_start": None, "pass@1_end": None, "interrupted": stop.requested, "step": 0}
+        with Tracker(cfg, run.run_id) as tracker:
+            summary = loop(run, cfg, stop, tracker)
+        ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+        if main and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub; from ckpt.pt: whole under FSDP2
+            model_from_checkpoint(read_checkpoint(ckpt_path)).save_pretrained(os.path.join(cfg.out_dir, "hf"),
+                                                                              run.tokenizer)
+        drawn = any(os.path.getsize(os.path.join(cfg.out_dir, name)) for name in ("log.jsonl", "eval.jsonl")
+                    if os.path.isfile(os.path.join(cfg.out_dir, name)))
+        if main and drawn and importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
+            from plot import plot_run
+            tqdm.write(f"curves: {plot_run(cfg.out_dir)}")
+    return summary
+
+
+def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
+    """The steps from run.step + 1 to max_steps, with logs, evaluations and checkpoints between them."""
+    summary, main = {"pass@1_start": None, "pass@1_end": None, "interrupted": False}, rank() == 0
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if run.step == 0 and not cfg.resume:
         if cfg.eval_every > 0:
-            summary["pass@1_start"] = held_out_eval(run, cfg)
+            summary["pass@1_start"] = held_out_eval(run, cfg, tracker)
         save_checkpoint(run, cfg, ckpt_path)  # a resume point after the warm start
         if cfg.warm_starts:  # eval.py can score the warm start alone after ckpt.pt moves on
             save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
@@ -108,9 +122,8 @@ def loop(cfg: TrainConfig, stop) -> dict:
             saved = save_before_failure(run, cfg, ckpt_path, *before)
             raise type(error)(f"step {step}: {error}; {saved}") if isinstance(error, FloatingPointError) else error
         run.step = step
+        tracker.log(record)
         if main:
-            with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
             bar.set_postfix({key: f"{record[key]:.4g}" for key in ("reward", "accuracy", "response_length", "kl",
                                                                     "loss") if record.get(key) is not None})
         if main and cfg.sample_every and step % cfg.sample_every == 0 and shown:
@@ -121,7 +134,7 @@ def loop(cfg: TrainConfig, stop) -> dict:
         if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
             copy_weights(run.reference, run.policy)  # iterative GRPO
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-            summary["pass@1_end"] = held_out_eval(run, cfg)
+            summary["pass@1_end"] = held_out_eval(run, cfg, tracker)
         # torchrun forwards a signal to every rank, maybe not within the same step: any rank's request stops all
         stopping = next(filter(None, from_every_rank(stop.requested)), False)
         if stopping or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
@@ -134,13 +147,6 @@ def loop(cfg: TrainConfig, stop) -> dict:
             break
     bar.close()
     summary["step"] = run.step
-    if main and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub; from ckpt.pt: whole under FSDP2 too
-        model_from_checkpoint(read_checkpoint(ckpt_path)).save_pretrained(os.path.join(cfg.out_dir, "hf"), run.tokenizer)
-    drawn = any(os.path.getsize(os.path.join(cfg.out_dir, name)) for name in ("log.jsonl", "eval.jsonl")
-                if os.path.isfile(os.path.join(cfg.out_dir, name)))
-    if main and drawn and importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
-        from plot import plot_run
-        tqdm.write(f"curves: {plot_run(cfg.out_dir)}")
     return summary
 
 
@@ -171,30 +177,32 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     # 1. rollout: group_size completions of each of prompts_per_step questions, sampled and scored
     picked, prompts, samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
-    # 2. advantages: the rewards normalised within each group
-    advantages = advantages_of(samples, cfg)
     device = run.policy.lm_head.weight.device
-    batches = make_micro_batches(prompts, samples.completions, advantages, cfg.micro_batch_size,
-                                 run.tokenizer.pad_token_id, device)
-    # 3. reference log-probs for the KL term (beta > 0), and for mu > 1 the sampling policy's for the ratio
+    batches = make_micro_batches(prompts, samples.completions, None, cfg.micro_batch_size,
+                                 run.tokenizer.pad_token_id, device, samples.logprobs)
+    # 2. reference log-probs for the KL penalty (beta > 0), and for mu > 1 the sampling policy's for the ratio
     if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy itself with its adapters off
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk,
                          run.autocast)
     if cfg.mu > 1:
         add_logprobs(run.policy, batches, "old_logp", cfg.temperature, cfg.logprob_chunk, run.autocast)
+    # 3. advantages: the rewards normalised within each group
+    set_advantages(batches, advantages_of(samples, batches, cfg))
     if device.type == "cuda":
         torch.cuda.synchronize()  # so the phase timings below are honest
     t2 = time.perf_counter()
     # 4. update: mu optimizer steps on the clipped objective
-    lr, stats = warmup_lr(cfg.lr, step, cfg.warmup_steps), {}
-    for _ in range(cfg.mu):
-        epoch = policy_gradient(run.ddp or run.policy, batches, cfg, run.autocast)
+    lr, stats, gap = warmup_lr(cfg.lr, step, cfg.warmup_steps), {}, {}
+    for epoch_index in range(cfg.mu):
+        epoch = policy_gradient(run.ddp or run.policy, batches, cfg, run.autocast, measure_gap=epoch_index == 0)
+        gap.update({key: epoch.pop(key) for key in GAP_STATS if key in epoch})
         epoch["grad_norm"] = whole(optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip, loss=epoch["loss"]))
         stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
     # 5. sync the sampler: it generates the next step's rollout with the new weights
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
+    stats = {**stats, **gap}
     stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the one host sync of the stats
     t3 = time.perf_counter()
 
@@ -206,11 +214,15 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     return record, shown_samples(run.problems, step, picked, samples, cfg.group_size)
 
 
-def advantages_of(samples: Samples, cfg: TrainConfig) -> torch.Tensor:
-    """The advantages of a step's completions: [B] per completion (outcome supervision: grpo.group_advantages), or
+def advantages_of(samples: Samples, batches: list, cfg: TrainConfig) -> torch.Tensor:
+    """The advantages of a step's completions: [B] per completion (outcome supervision: grpo.group_advantages, of
+    the rewards less beta times each sequence's log-ratio to the reference with kl_estimator="k1_reward"), or
     [B, T] per token (process supervision: grpo.process_advantages of the arithmetic claims; "both" adds them)."""
-    advantages = group_advantages(torch.tensor(samples.rewards), cfg.group_size, baseline=cfg.adv_baseline,
-                                  scale=cfg.adv_scale)
+    rewards = torch.tensor(samples.rewards)
+    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
+        log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp, len(rewards))
+        rewards = kl_penalized_rewards(rewards, log_ratio, cfg.beta)
+    advantages = group_advantages(rewards, cfg.group_size, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
     if cfg.supervision == "outcome":
         return advantages
     rewards, ends, mask = claim_tensors(samples.claims)
@@ -228,16 +240,21 @@ def claim_tensors(claims: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, 
             torch.tensor([[True] * len(row) + [False] * (width - len(row)) for row in claims]))
 
 
-def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, torch.Tensor]:
+GAP_STATS = ("logprob_gap", "logprob_gap_max", "sampler_ratio")
+
+
+def policy_gradient(policy, batches, cfg: TrainConfig, autocast, measure_gap: bool = False) -> dict[str, torch.Tensor]:
     """Forward and backward of the GRPO loss over every micro-batch. The loss normalisers are the whole batch's,
     so the gradients add up to the whole batch's gradient, and the returned stats (0-d tensors, no host sync) to
     its means: loss, kl, clip fractions, ratio and entropy per token. Under torchrun the whole batch is every
-    rank's rows: the normalisers and the stats are summed over the ranks."""
+    rank's rows: the normalisers and the stats are summed over the ranks. measure_gap (before any update of the
+    step): also GAP_STATS, how far the trainer's log-probs of the sampled tokens lie from the sampler's:
+    mean and max of |trainer - sampler|, and the mean of exp(trainer - sampler), the samples' importance ratio."""
     n_seq = sum(b.mask.shape[0] for b in batches)
     n_tok = sum(b.mask.sum() for b in batches)
     if dist.is_initialized():
         n_seq, n_tok = summed_over_ranks(torch.stack([torch.tensor(n_seq, device=n_tok.device), n_tok]))
-    totals = {}
+    totals, gap_max = {}, torch.zeros((), device=n_tok.device)
     for i, batch in enumerate(batches):
         # DDP all-reduces in the last micro-batch's backward only, after the others accumulated their gradients
         last = i == len(batches) - 1
@@ -247,13 +264,21 @@ def policy_gradient(policy, batches, cfg: TrainConfig, autocast) -> dict[str, to
             loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
                                     clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
                                     loss_agg=cfg.loss_agg, num_sequences=n_seq, num_tokens=n_tok,
-                                    constant_norm=cfg.max_new_tokens)
+                                    constant_norm=cfg.max_new_tokens, kl_estimator=cfg.kl_estimator)
             # DDP and FSDP2 average the ranks' gradients; with global normalisers the sum is the batch's gradient
             (loss * world_size()).backward()
+        if measure_gap:
+            with torch.no_grad():
+                diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
+                stats = {**stats, "logprob_gap": diff.abs().sum() / n_tok,
+                         "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok}
+                gap_max = torch.maximum(gap_max, diff.abs().max())
         for key, value in {"loss": loss.detach(), "entropy": entropy / n_tok, **stats}.items():
             totals[key] = totals.get(key, 0) + value
     if dist.is_initialized():
         totals = dict(zip(totals, summed_over_ranks(torch.stack(list(totals.values())))))
+    if measure_gap:
+        totals["logprob_gap_max"] = max_over_ranks(gap_max)
     return totals
 
 # -----------------------------------------------------------------------------
@@ -328,9 +353,10 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     run = Run(policy=policy, sampler=sampler, reference=reference,
               optimizer=policy.configure_optimizer(cfg.lr, cfg.weight_decay, cfg.adam_betas),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer, problems=problems, prompts=prompts,
-              heldout=heldout, autocast=autocast, rewards=rewards, ddp=ddp, warm_set=fingerprint(warm))
+              heldout=heldout, autocast=autocast, rewards=rewards, ddp=ddp, warm_set=fingerprint(warm),
+              run_id=from_every_rank(uuid.uuid4().hex[:12])[0])
     if state is not None:
-        run.step = state["step"]
+        run.step, run.run_id = state["step"], state.get("run_id") or run.run_id
         run.optimizer.load_state_dict(state["optimizer"])
         shard_optimizer_state(run.optimizer)
         run.stream.load_state_dict(state["stream"])
@@ -346,7 +372,7 @@ def frozen_copy(model: Transformer, dtype) -> Transformer:
 # held-out evaluation, stopping
 
 
-def held_out_eval(run: Run, cfg: TrainConfig) -> float:
+def held_out_eval(run: Run, cfg: TrainConfig, tracker: Tracker) -> float:
     """Greedy pass@1 on the held-out questions; under torchrun each rank scores a slice and all see every record."""
     n, world = len(run.heldout), world_size()
     mine = run.heldout[rank() * n // world:(rank() + 1) * n // world]
@@ -358,8 +384,7 @@ def held_out_eval(run: Run, cfg: TrainConfig) -> float:
     if rank() != 0:
         return result["pass@1"]
     write_completions(records, os.path.join(cfg.out_dir, f"eval_{run.step:05d}.jsonl"))
-    with open(os.path.join(cfg.out_dir, "eval.jsonl"), "a") as f:
-        f.write(json.dumps({"step": run.step, **result}) + "\n")
+    tracker.log({"step": run.step, **result}, "eval.jsonl")
     tqdm.write(f"step {run.step}: held-out pass@1 {result['pass@1']:.3f} ± {result['pass@1_stderr']:.3f} "
                f"({len(run.heldout)} questions, greedy)")
     return result["pass@1"]

@@ -1,0 +1,50 @@
+"""
+Where a run's records go: out_dir/log.jsonl (a line per step) and out_dir/eval.jsonl (a line per held-out
+evaluation), and, when a config asks, Weights & Biases (wandb_project = "NAME"; WANDB_MODE=offline logs with no
+network) and TensorBoard (tensorboard = True, out_dir/tb). Neither tracker is a dependency: config.validate names
+the package to install when one is asked for and missing. Only rank 0 writes.
+"""
+import json
+import numbers
+import os
+
+from distributed import rank
+
+
+class Tracker:
+    def __init__(self, cfg, run_id: str):
+        """run_id: the run's own id (kept in its checkpoints), so a resumed run goes on in the same wandb run."""
+        self.out_dir, self.wandb, self.tensorboard = cfg.out_dir, None, None
+        if rank() != 0:
+            return
+        if cfg.wandb_project:
+            import wandb
+            self.wandb = wandb.init(project=cfg.wandb_project, name=os.path.basename(os.path.normpath(cfg.out_dir)),
+                                    id=run_id, resume="allow", config=vars(cfg), dir=cfg.out_dir)
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tensorboard = SummaryWriter(os.path.join(cfg.out_dir, "tb"))
+
+    def log(self, record: dict, file: str = "log.jsonl"):
+        """Append record ({"step": N, ...}) to out_dir/file, and its numbers to the trackers, under "train/" for
+        log.jsonl and "eval/" for eval.jsonl."""
+        if rank() != 0:
+            return
+        with open(os.path.join(self.out_dir, file), "a") as f:
+            f.write(json.dumps(record) + "\n")
+        prefix = "eval/" if file == "eval.jsonl" else "train/"
+        numbers_only = {prefix + k: v for k, v in record.items() if k != "step" and isinstance(v, numbers.Real)}
+        if self.wandb is not None:
+            self.wandb.log(numbers_only, step=record["step"])
+        if self.tensorboard is not None:
+            for key, value in numbers_only.items():
+                self.tensorboard.add_scalar(key, value, record["step"])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
