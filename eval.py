@@ -50,7 +50,7 @@ def mean_and_stderr(values: list[float]) -> tuple[float, float]:
 def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: int = 1, temperature: float = 0.0,
              ks: tuple[int, ...] = (1,), max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
              top_p: float = 1.0, top_k: int = 0, out_path: str | None = None, desc: str = "eval",
-             progress: bool = True) -> dict:
+             progress: bool = True, cuda_graphs: bool = True) -> dict:
     """Sample n completions per row ({"question", "gold"}) and score them.
     Returns {"pass@1", "pass@1_stderr" (over questions), "pass@k" for each k <= n, "format_rate",
     "response_length", "truncation_rate", "questions", "n", "temperature"}; temperature 0 is greedy.
@@ -60,7 +60,7 @@ def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: i
     if n > 1 and temperature == 0:
         raise ValueError("n > 1 samples at temperature 0 are n copies of the greedy answer: set --temperature")
     records = score_questions(model, tokenizer, rows, template, n, temperature, max_new_tokens, batch_size, seed,
-                              top_p, top_k, desc, progress)
+                              top_p, top_k, desc, progress, cuda_graphs)
     if out_path:
         write_completions(records, out_path)
     return summarize(records, n, ks, temperature)
@@ -69,7 +69,7 @@ def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: i
 @torch.no_grad()
 def score_questions(model, tokenizer, rows: list[dict], template: str, n: int, temperature: float,
                     max_new_tokens: int, batch_size: int, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
-                    desc: str = "eval", progress: bool = True) -> list[dict]:
+                    desc: str = "eval", progress: bool = True, cuda_graphs: bool = True) -> list[dict]:
     """evaluate()'s sampling: one record {"question", "gold", "samples": [n verdicts]} per row, in row order."""
     prompts = [encode_prompt(tokenizer, row["question"], template) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))  # similar lengths per batch: less padding
@@ -84,7 +84,7 @@ def score_questions(model, tokenizer, rows: list[dict], template: str, n: int, t
         seeds = [rollout_seed(seed, i * n + s) for i in chunk for s in range(n)] if temperature > 0 else seed
         samples = sample_and_score(model, tokenizer, [prompts[i] for i in chunk for _ in range(n)],
                                    [rows[i]["gold"] for i in chunk for _ in range(n)], template, max_new_tokens,
-                                   temperature, seeds, weights={}, top_p=top_p, top_k=top_k)
+                                   temperature, seeds, weights={}, top_p=top_p, top_k=top_k, cuda_graphs=cuda_graphs)
         for j, i in enumerate(chunk):
             records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"], "samples": [
                 {"completion": samples.texts[s], "answer": extract_answer(prefix + samples.texts[s]),
@@ -133,6 +133,7 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=64, help="completions per generate call")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available) | cuda | cpu")
+    parser.add_argument("--no_cuda_graphs", action="store_true", help="decode with the plain eager loop on CUDA")
     parser.add_argument("--out", default="", help="output dir (default: CKPT_eval/ beside a .pt, else out/eval/NAME)")
     args = parser.parse_args(argv)
 
@@ -159,7 +160,8 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     summary = evaluate(model, tokenizer, rows, template=template, n=args.n, temperature=temperature, ks=ks,
                        max_new_tokens=max_new_tokens, batch_size=args.batch_size, seed=args.seed, top_p=args.top_p,
-                       top_k=args.top_k, out_path=os.path.join(out_dir, "completions.jsonl"))
+                       top_k=args.top_k, out_path=os.path.join(out_dir, "completions.jsonl"),
+                       cuda_graphs=not args.no_cuda_graphs)
     summary.update(model=args.model, data=args.data, template=template)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

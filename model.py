@@ -484,6 +484,14 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.dev
     return resolved, getattr(torch, dtype)
 
 
+def disable_cudnn_attention():
+    """Keep SDPA off cuDNN on CUDA (flash and memory-efficient attention remain): with torch >= 2.11 cuDNN is the
+    default for masked bf16 attention, and its backward has returned NaN in grad_q for GQA when a mask is passed,
+    T % 128 == 64 and some attention row is extremely negative (pytorch issue 196678). Every training forward here
+    passes a mask and T varies per micro-batch. train.setup and bench.py call it on CUDA."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
     """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
     return lr * min(1.0, step / max(1, warmup_steps))

@@ -39,13 +39,15 @@ class Samples:
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: str,
                      max_new_tokens: int, temperature: float, seed: int | list[int], weights: dict[str, float],
                      top_p: float = 1.0, top_k: int = 0, questions: list[str] | None = None, functions=None,
-                     process: bool = False) -> Samples:
+                     process: bool = False, cuda_graphs: bool = True) -> Samples:
     """Sample one completion per prompt, ending at an end-of-text token or "</answer>", decode it and score it against
     its gold answer: weights names the rewards, functions holds the loaded ones (reward_models.load_rewards),
-    questions the problems' text they may read. process: also the claims' rewards of process supervision."""
+    questions the problems' text they may read. process: also the claims' rewards of process supervision.
+    cuda_graphs=False: the sampler's plain eager decode loop on CUDA (the first thing to try if a GPU run misbehaves)."""
     end_of_text, start = set(stop_token_ids(tokenizer)), time.perf_counter()
     rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                       stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id)
+                       stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id,
+                       cuda_graphs=cuda_graphs)
     tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
     logprobs = [row[:n] for row, n in zip(rollout.logprobs.tolist(), lengths)]
     completions, sampled = [row[:n] for row, n in zip(tokens, lengths)], time.perf_counter()
@@ -74,7 +76,7 @@ def sample_groups(run, cfg, step: int) -> tuple[list[int], list[list[int]], Samp
                                    cfg.template, cfg.max_new_tokens, cfg.temperature,
                                    rollout_seed(cfg.seed, step * world_size() + rank()), cfg.reward_weights,
                                    questions=[run.problems[i]["question"] for i in rows], functions=run.rewards,
-                                   process=cfg.supervision != "outcome")
+                                   process=cfg.supervision != "outcome", cuda_graphs=cfg.cuda_graphs)
     return picked, prompts, samples
 
 

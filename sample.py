@@ -87,9 +87,11 @@ if triton is not None:
         log-normaliser) and the best x + Gumbel noise with its id; noise from Philox keyed by a drawn seed."""
         row, chunk = tl.program_id(0), tl.program_id(1)
         cols = chunk * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(logits + row * vocab + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        # the address in int64: rows * vocab passes 2^31 at 14,134 rows of Qwen's 151,936 logits
+        x = tl.load(logits + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
         x = x * inv_temperature
         top = tl.max(x, 0)
+        # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across far-apart rows
         noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))  # uniform in [0, 1): finite noise
         out = row * tl.num_programs(1) + chunk
         tl.store(chunk_max + out, top)

@@ -45,7 +45,8 @@ from distributed import (all_samples, copy_weights, from_every_rank, init_distri
 from eval import score_questions, summarize, write_completions
 from grpo import group_advantages, grpo_loss, kl_penalized_rewards, process_advantages, zero_std_group_fraction
 from logprobs import add_logprobs, completion_logprobs, make_micro_batches, sequence_sums, set_advantages
-from model import ModelConfig, Transformer, optimizer_step, optimizer_updates, resolve_device, warmup_lr
+from model import (ModelConfig, Transformer, disable_cudnn_attention, optimizer_step, optimizer_updates,
+                   resolve_device, warmup_lr)
 from reward_models import load_rewards
 from rollout import Samples, rollout_stats, sample_groups, shown_samples
 from sample import check_context
@@ -174,10 +175,12 @@ def step_function(method: str):
 
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     """One step of GRPO on run's weights, in place; returns (the step's log record, two sample completions)."""
+    device = run.policy.lm_head.weight.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # memory_gb: this step's peak
     # 1. rollout: group_size completions of each of prompts_per_step questions, sampled and scored
     picked, prompts, samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
-    device = run.policy.lm_head.weight.device
     batches = make_micro_batches(prompts, samples.completions, None, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs)
     # 2. reference log-probs for the KL penalty (beta > 0), and for mu > 1 the sampling policy's for the ratio
@@ -209,7 +212,8 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     everyone = all_samples(samples)  # the log describes the whole step: every rank's rows
     record = {"step": step, **rollout_stats(everyone, cfg.reward_weights),
               "zero_std_frac": zero_std_group_fraction(torch.tensor(everyone.rewards), cfg.group_size).item(),
-              **stats, "lr": lr, "time_reference": t2 - t1, "time_update": t3 - t2}
+              **stats, "lr": lr, "time_reference": t2 - t1, "time_update": t3 - t2,
+              **({"memory_gb": torch.cuda.max_memory_allocated(device) / 1e9} if device.type == "cuda" else {})}
     record = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}  # kl when beta=0
     return record, shown_samples(run.problems, step, picked, samples, cfg.group_size)
 
@@ -293,6 +297,8 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         torch.set_num_threads(cfg.threads)
     device, dtype = resolve_device(cfg.device, cfg.dtype)
     device = init_distributed(device)
+    if device.type == "cuda":
+        disable_cudnn_attention()  # its masked bf16 GQA backward has returned NaN (model.disable_cudnn_attention)
     # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     state = check_out_dir(cfg)
@@ -378,7 +384,8 @@ def held_out_eval(run: Run, cfg: TrainConfig, tracker: Tracker) -> float:
     mine = run.heldout[rank() * n // world:(rank() + 1) * n // world]
     with run.sampler.lora_merged():
         records = score_questions(run.sampler, run.tokenizer, mine, cfg.template, 1, 0.0, cfg.max_new_tokens,
-                                  cfg.eval_batch_size, desc=f"eval@{run.step}", progress=rank() == 0)
+                                  cfg.eval_batch_size, desc=f"eval@{run.step}", progress=rank() == 0,
+                                  cuda_graphs=cfg.cuda_graphs)
     records = [record for part in from_every_rank(records) for record in part]
     result = summarize(records, n=1, ks=(1,), temperature=0.0)
     if rank() != 0:

