@@ -62,6 +62,8 @@ class TrainConfig:
     # {reward: weight}, the total is the weighted sum; a reward is "correctness", "format", "FILE.py:FUNCTION",
     # "model:NAME[:LABEL]" (a reward model) or "judge:NAME" (an LLM judge): see reward_models.py
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0, "format": 0.1})
+    random_reward: float = 0.0  # a control: correctness replaced by a coin landing 1 with this probability,
+    # independent of the answer (0 = off; rollout.coin_rewards); the logged accuracy stays the true one
     supervision: str = "outcome"  # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
     process_weight: float = 1.0  # "both": advantage = outcome advantage + process_weight * process advantage
     adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)
@@ -213,6 +215,7 @@ def validate(cfg: TrainConfig):
         need(not wanted or installed(package),
              f"{'wandb_project' if package == 'wandb' else 'tensorboard'} asks for {package}, which is not installed: "
              f"pip install {package}" + (" (WANDB_MODE=offline logs without a network)" if package == "wandb" else ""))
+    need(0 <= cfg.random_reward <= 1, f"random_reward must be a probability in [0, 1], got {cfg.random_reward}")
     need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
     need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     try:  # grpo.py, data.py and reward_models.py own the allowed values: a dry run on a tiny batch checks them

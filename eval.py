@@ -20,7 +20,7 @@ from tqdm import tqdm
 from checkpoint import load_model
 from data import encode_prompt, load_gsm8k_file, response_prefix
 from model import resolve_device
-from rewards import extract_answer
+from rewards import extract_answer, shows_work
 from rollout import rollout_seed, sample_and_score
 
 
@@ -89,7 +89,7 @@ def score_questions(model, tokenizer, rows: list[dict], template: str, n: int, t
             records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"], "samples": [
                 {"completion": samples.texts[s], "answer": extract_answer(prefix + samples.texts[s]),
                  "correct": samples.components["correctness"][s] == 1.0,
-                 "format": samples.components["format"][s] == 1.0,
+                 "format": samples.components["format"][s] == 1.0, "worked": shows_work(samples.texts[s]),
                  "length": len(samples.completions[s]), "truncated": not samples.stopped[s]}
                 for s in range(j * n, (j + 1) * n)]}
     model.train(was_training)
@@ -104,6 +104,7 @@ def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: flo
     return {"pass@1": pass1, "pass@1_stderr": pass1_stderr,
             **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(records) for k in ks if 1 < k <= n},
             "format_rate": sum(s["format"] for s in flat) / len(flat),
+            "worked_rate": sum(s["worked"] for s in flat) / len(flat),
             "response_length": sum(s["length"] for s in flat) / len(flat),
             "truncation_rate": sum(s["truncated"] for s in flat) / len(flat),
             "questions": len(records), "n": n, "temperature": temperature}

@@ -640,6 +640,12 @@ def arithmetic_claims(text: str) -> list[tuple[int, bool]]:
     return claims
 
 
+def shows_work(completion: str) -> bool:
+    """True if the completion writes an arithmetic claim (arithmetic_claims, right or wrong) before "</think>" (or
+    anywhere, without one): it worked something out rather than stating an answer. Logged as worked_rate."""
+    return bool(arithmetic_claims(completion.partition("</think>")[0]))
+
+
 def token_ends(token_ids, decode, char_ends: list[int]) -> list[int]:
     """For each character offset end of the text decode(token_ids), the index of the token that writes its character
     end - 1: the shortest prefix of token_ids whose decoded text is at least end characters long. A prefix decodes

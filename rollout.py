@@ -9,10 +9,12 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import torch
+
 from data import response_prefix, stop_sequences, stop_token_ids
 from distributed import rank, world_size
 from reward_models import reward_log_name
-from rewards import claim_rewards, score_completions
+from rewards import claim_rewards, score_completions, shows_work
 from sample import generate
 
 
@@ -77,7 +79,20 @@ def sample_groups(run, cfg, step: int) -> tuple[list[int], list[list[int]], Samp
                                    rollout_seed(cfg.seed, step * world_size() + rank()), cfg.reward_weights,
                                    questions=[run.problems[i]["question"] for i in rows], functions=run.rewards,
                                    process=cfg.supervision != "outcome", cuda_graphs=cfg.cuda_graphs)
+    if cfg.random_reward > 0:  # the control: the same run, with a coin in the place of correctness
+        samples.rewards = coin_rewards(samples, cfg.reward_weights.get("correctness", 0.0), cfg.random_reward,
+                                       rollout_seed(cfg.seed, step * world_size() + rank()))
     return picked, prompts, samples
+
+
+def coin_rewards(samples: Samples, weight: float, rate: float, seed: int) -> list[float]:
+    """The random-reward control (config random_reward): each completion's total reward with its correctness term
+    replaced by a coin that lands 1 with probability `rate`, independent of the completion (seeded: a resumed run
+    draws the same coins). What the policy gains under it comes from the format reward, or from sampling and the
+    update themselves, not from right answers. samples.components keeps the true correctness (logged as accuracy)."""
+    coins = torch.bernoulli(torch.full((len(samples.rewards),), rate), generator=torch.Generator().manual_seed(seed))
+    return [total - weight * correct + weight * coin for total, correct, coin in
+            zip(samples.rewards, samples.components["correctness"], coins.tolist())]
 
 
 def rollout_stats(samples: Samples, reward_weights: dict) -> dict:
@@ -87,7 +102,8 @@ def rollout_stats(samples: Samples, reward_weights: dict) -> dict:
     return {"reward": mean(samples.rewards),
             **{f"reward_{reward_log_name(name)}": mean(samples.components[name]) for name in reward_weights},
             **({"process_reward": mean(r for claims in samples.claims for _, r in claims)} if samples.claims else {}),
-            "accuracy": mean(samples.components["correctness"]), "response_length": mean(lengths),
+            "accuracy": mean(samples.components["correctness"]), "worked_rate": mean(map(shows_work, samples.texts)),
+            "response_length": mean(lengths),
             "response_length_max": max(lengths), "truncation_rate": 1 - mean(samples.stopped),
             "tokens_per_s": sum(lengths) / samples.seconds_sampling, "time_sample": samples.seconds_sampling,
             "time_reward": samples.seconds_scoring}
