@@ -11,7 +11,7 @@ rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device, or 
 
 The loop (train): set up (data, tokenizer, model, an optional supervised warm start), evaluate, then for each step
 grpo_step: 1. rollout: G completions of each of the step's questions, sampled and scored by the rewards;
-2. advantages: each reward normalised within its group; 3. reference log-probs for the KL penalty; 4. update: mu
+2. reference log-probs for the KL penalty; 3. advantages: each reward normalised within its group; 4. update: mu
 optimizer steps on the clipped-ratio objective (grpo.grpo_loss); 5. sync the sampler with the new weights. Between
 steps: logs, held-out evaluations and checkpoints. `method` swaps grpo_step for a baseline of baselines.py.
 """
