@@ -4,7 +4,7 @@ GSM8K-format word-problem generator for the offline demo.
 
     python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
     python data.py synthetic --n 200 --max-operand 9 --out data/synthetic/test.jsonl   # demo_same_family.py's family
-    python data.py synthetic_split --seed 1337 --out data/demo   # configs/demo.py's warm, RL and held-out sets
+    python data.py synthetic_split --seed 1337 --out data/demo   # configs/demo_novel.py's three sets
 
 Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose last
 line is "#### N", and gold is that N as a string; an answer-only row (synthetic_split's RL and held-out problems)
@@ -371,16 +371,24 @@ def family_problems(n: int, rng: random.Random, exclude: set[str], ops: tuple, m
 
 
 def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldout_size: int = 300,
-               warm_ops: tuple = (1, 4), rl_ops: tuple = (2, 3), warm_mix: str = "one", rl_mix: str = "both",
-               max_operand: int = 9, max_start: int = 50, restate: bool = True) -> tuple[list, list, list]:
+                    warm_ops: tuple = (1, 4), rl_ops: tuple = (2, 3), warm_mix: str = "one", rl_mix: str = "both",
+                    max_operand: int = 9, max_start: int = 50, restate: bool = True,
+                    direct_share: float = 0.0) -> tuple[list, list, list]:
     """dataset="synthetic_split": three sets, a deterministic function of seed (each set from its own stream, so one
     size does not change another set's draws); every set holds distinct chains (chain_key), of its ops range and
     mix (MIXES: "one" = only additions or only subtractions, "both" = both kinds in one chain); restate: each
-    worked-solution line starts with the clause it computes (synthetic_problem). The defaults are configs/demo.py's:
-    - warm: warm_size problems with worked solutions (the SFT warm start);
+    worked-solution line starts with the clause it computes (synthetic_problem). The defaults are
+    configs/demo_novel.py's:
+    - warm: warm_size problems with worked solutions (the SFT warm start), except that with direct_share > 0 a
+      seeded coin per problem (its own stream) gives about that share of them the answer alone (answer_only: the
+      target "</think> <answer>N</answer>", no work), so the warm start mixes the two behaviours (configs/demo.py);
+      direct_share 0 draws no coin;
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;
     - heldout: heldout_size problems of the RL family, answer only, strictly novel: no chain occurs in warm or rl."""
+    if not 0 <= direct_share < 1:
+        raise ValueError(f"direct_share must be in [0, 1) (the warm start needs some worked solutions), got "
+                         f"{direct_share}")
     if max_operand < 1 or max_start < 1:
         raise ValueError(f"need max_operand >= 1 and max_start >= 1, got {max_operand} and {max_start}")
     for name, ops in (("warm_ops", warm_ops), ("rl_ops", rl_ops)):
@@ -393,6 +401,9 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     warm = family_problems(warm_size, random.Random(f"{seed}:warm"), set(), warm_ops, warm_mix, max_operand,
                            max_start, restate, "warm-start")
     warm_chains = {chain_key(row["question"]) for row in warm}
+    if direct_share > 0:  # a coin per warm-start problem, from its own stream; the chains stay warm chains
+        coin = random.Random(f"{seed}:direct")
+        warm = [answer_only(row) if coin.random() < direct_share else row for row in warm]
     rl = family_problems(rl_size, random.Random(f"{seed}:rl"), warm_chains, rl_ops, rl_mix, max_operand, max_start,
                          restate, "RL")
     heldout = family_problems(heldout_size, random.Random(f"{seed}:heldout"), warm_chains | {
@@ -423,8 +434,11 @@ def load_problems(cfg) -> tuple[list[dict], list[dict], list[dict]]:
         raise ValueError(f"{names[0]} is empty: nothing to train on")
     if not heldout and cfg.eval_every > 0:
         raise ValueError(f"{names[1]} is empty: nothing to evaluate (set eval_every=0 to train without evaluation)")
-    if (cfg.warm_starts or cfg.method == "sft_more") and not (warm and all(map(has_worked_solution, warm))):
-        raise ValueError("the warm start needs worked solutions: its set is empty or has a row with only '#### N'")
+    worked = list(map(has_worked_solution, warm))
+    direct = cfg.dataset == "synthetic_split" and cfg.synthetic_args.get("direct_share", 0) > 0  # answers alone too
+    if (cfg.warm_starts or cfg.method == "sft_more") and not (any(worked) if direct else warm and all(worked)):
+        raise ValueError("the warm start needs worked solutions: its set is empty or has a row with only '#### N' "
+                         "(answer-only rows are kept on purpose only with synthetic_split's direct_share)")
     return warm, problems, heldout
 
 
