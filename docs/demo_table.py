@@ -1,0 +1,130 @@
+"""
+The commands behind docs/experiments.md's table for configs/demo.py: three warm starts (seeds 1337, 2, 3: data and
+initialisation), and from each two RL seeds of GRPO and of every baseline, at the same samples per step.
+
+    python docs/demo_table.py                      # runs what out/demo_table lacks (2 jobs at a time), then the table
+    python docs/demo_table.py --summary            # the table of the runs already there
+
+Per warm start s: `python train.py configs/demo.py --seed=s` (the default command: warm start, then GRPO with RL seed
+s); then from its sft.pt, with --data_seed=s, GRPO with RL seed s+1 and each baseline with RL seeds s and s+1:
+configs/demo_rft.py (RFT), demo_sft_answers.py (answers-only SFT), demo_sft_more.py (more warm start) and
+demo_random.py (GRPO on a coin, its rate GRPO's training accuracy over its first 10 steps from that warm start).
+Every run uses one thread (two run side by side); the demo's result is the same on one or two.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINES = {"rft": "demo_rft.py", "sft_answers": "demo_sft_answers.py", "sft_more": "demo_sft_more.py",
+             "random": "demo_random.py"}
+METHODS = ("grpo", "rft", "sft_answers", "sft_more", "random")
+
+
+def read(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def finished(out_dir: str) -> bool:
+    evals = read(os.path.join(out_dir, "eval.jsonl"))
+    return bool(evals) and evals[-1]["step"] == 60
+
+
+def run(command: list[str], out_dir: str):
+    if finished(out_dir):
+        return
+    with open(out_dir + ".log", "w") as log:
+        code = subprocess.run([sys.executable, "train.py", "configs/demo.py", *command, "--threads=1",
+                               f"--out_dir={out_dir}", "--overwrite"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code:
+        raise RuntimeError(f"{' '.join(command)} exited {code}; see {out_dir}.log")
+
+
+def early_accuracy(out_dir: str) -> float:
+    """GRPO's mean training accuracy over its first 10 steps: the random-reward control's rate."""
+    return statistics.fmean(r["accuracy"] for r in read(os.path.join(out_dir, "log.jsonl"))[:10])
+
+
+def run_all(out: str, seeds: list[int], jobs: int):
+    os.makedirs(out, exist_ok=True)
+    with ThreadPoolExecutor(jobs) as pool:  # the warm starts (each followed by GRPO with RL seed s)
+        list(pool.map(lambda s: run([f"--seed={s}"], os.path.join(out, f"w{s}_grpo_{s}")), seeds))
+    work = []
+    for s in seeds:
+        warm = [f"--init_from={os.path.join(out, f'w{s}_grpo_{s}', 'sft.pt')}", f"--data_seed={s}"]
+        work.append((warm + [f"--seed={s + 1}"], os.path.join(out, f"w{s}_grpo_{s + 1}")))
+        rate = round(early_accuracy(os.path.join(out, f"w{s}_grpo_{s}")), 3)
+        for method, overlay in BASELINES.items():
+            extra = [f"--random_reward={rate}"] if method == "random" else []
+            for rl_seed in (s, s + 1):
+                work.append(([os.path.join("configs", overlay)] + warm + [f"--seed={rl_seed}"] + extra,
+                             os.path.join(out, f"w{s}_{method}_{rl_seed}")))
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda job: run(*job), work))
+
+
+def summary(out: str, seeds: list[int]) -> str:
+    """Per method over every (warm start, RL seed): held-out pass@1 at the first and last evaluation and its gain,
+    the mean response length and worked share of the first and last 10 steps (sampled methods), mean ± standard
+    error over the runs, and min..max."""
+    def cell(values, scale=1.0, digits=1):
+        values = [v * scale for v in values]
+        stderr = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+        return f"{statistics.fmean(values):.{digits}f} ± {stderr:.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
+    rows = ["| method | runs | held-out pass@1 at step 0 (%) | at step 60 (%) | gain (points) | response length, first 10 steps -> last 10 | ratio | worked share, first 10 -> last 10 |",
+            "|---|---|---|---|---|---|---|---|"]
+    per_run = []
+    for method in METHODS:
+        first, last, gain, length0, length1, ratio, worked0, worked1 = ([] for _ in range(8))
+        for s in seeds:
+            for rl_seed in (s, s + 1):
+                out_dir = os.path.join(out, f"w{s}_{method}_{rl_seed}")
+                evals, log = read(os.path.join(out_dir, "eval.jsonl")), read(os.path.join(out_dir, "log.jsonl"))
+                if not evals:
+                    continue
+                first.append(evals[0]["pass@1"])
+                last.append(evals[-1]["pass@1"])
+                gain.append(evals[-1]["pass@1"] - evals[0]["pass@1"])
+                row = {"method": method, "warm": s, "rl_seed": rl_seed, "pass@1": [e["pass@1"] for e in evals]}
+                if log and "response_length" in log[0]:
+                    length0.append(statistics.fmean(r["response_length"] for r in log[:10]))
+                    length1.append(statistics.fmean(r["response_length"] for r in log[-10:]))
+                    ratio.append(length1[-1] / length0[-1])
+                    worked0.append(statistics.fmean(r["worked_rate"] for r in log[:10]))
+                    worked1.append(statistics.fmean(r["worked_rate"] for r in log[-10:]))
+                    row.update(length=(round(length0[-1], 1), round(length1[-1], 1)))
+                per_run.append(row)
+        if not first:
+            continue
+        sampled = bool(length0)
+        rows.append(f"| {method} | {len(first)} | {cell(first, 100)} | {cell(last, 100)} | {cell(gain, 100)} | "
+                    + (f"{cell(length0)} -> {cell(length1)} | {cell(ratio, digits=2)} | "
+                       f"{cell(worked0, digits=2)} -> {cell(worked1, digits=2)} |" if sampled else "no samples | | |"))
+    runs = ["", "| method | warm start | RL seed | held-out pass@1 (%) at steps 0, 20, 40, 60 | response length first 10 -> last 10 |",
+            "|---|---|---|---|---|"] + [
+        f"| {r['method']} | {r['warm']} | {r['rl_seed']} | {', '.join(f'{100 * p:.1f}' for p in r['pass@1'])} | "
+        f"{' -> '.join(map(str, r['length'])) if 'length' in r else ''} |" for r in per_run]
+    return "\n".join(rows + runs)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(ROOT, "out", "demo_table"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 2, 3], help="warm-start seeds")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    parser.add_argument("--summary", action="store_true", help="only print the table of the runs already there")
+    args = parser.parse_args()
+    if not args.summary:
+        run_all(args.out, args.seeds, args.jobs)
+    print(summary(args.out, args.seeds))
+
+
+if __name__ == "__main__":
+    main()
