@@ -52,8 +52,9 @@ def evaluate(model, tokenizer, rows: list[dict], template: str = "r1_zero", n: i
              top_p: float = 1.0, top_k: int = 0, out_path: str | None = None, desc: str = "eval",
              progress: bool = True, cuda_graphs: bool = True) -> dict:
     """Sample n completions per row ({"question", "gold"}) and score them.
-    Returns {"pass@1", "pass@1_stderr" (over questions), "pass@k" for each k <= n, "format_rate",
-    "response_length", "truncation_rate", "questions", "n", "temperature"}; temperature 0 is greedy.
+    Returns {"pass@1", "pass@1_stderr" (over questions), "pass@k" for each k <= n, "format_rate", "worked_rate"
+    (rewards.shows_work), "accuracy_worked" and "accuracy_unworked" (of those completions and of the others; None if
+    there are none), "response_length", "truncation_rate", "questions", "n", "temperature"}; temperature 0 is greedy.
     out_path: one JSON line per completion."""
     if not rows:
         raise ValueError("no questions to evaluate")
@@ -105,6 +106,10 @@ def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: flo
             **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(records) for k in ks if 1 < k <= n},
             "format_rate": sum(s["format"] for s in flat) / len(flat),
             "worked_rate": sum(s["worked"] for s in flat) / len(flat),
+            # accuracy of the worked answers and of the others: did the worked ones get better, or more frequent?
+            **{f"accuracy_{kind}": sum(s["correct"] for s in part) / len(part) if part else None
+               for kind, part in (("worked", [s for s in flat if s["worked"]]),
+                                  ("unworked", [s for s in flat if not s["worked"]]))},
             "response_length": sum(s["length"] for s in flat) / len(flat),
             "truncation_rate": sum(s["truncated"] for s in flat) / len(flat),
             "questions": len(records), "n": n, "temperature": temperature}
@@ -171,6 +176,8 @@ def main(argv=None):
     for k in ks:
         if k > 1:
             print(f"pass@{k}: {summary[f'pass@{k}']:.4f}")
+    print(f"worked answers (an arithmetic claim before </think>): {summary['worked_rate']:.3f} of the completions; "
+          f"accuracy {summary['accuracy_worked']}, without work {summary['accuracy_unworked']}")
     print(f"completions: {os.path.join(out_dir, 'completions.jsonl')}; summary: {os.path.join(out_dir, 'summary.json')}")
     return summary
 

@@ -119,3 +119,16 @@ def test_the_random_reward_control_trains_on_coins_and_logs_the_true_accuracy(tm
     with pytest.raises(ValueError, match="random_reward must be a probability"):
         tiny(tmp_path, random_reward=1.5)
     torch.manual_seed(0)
+
+
+def test_eval_splits_accuracy_between_worked_answers_and_the_others():
+    from eval import summarize
+    sample = lambda correct, worked: {"correct": correct, "format": True, "worked": worked, "length": 5,
+                                      "truncated": False}
+    records = [{"samples": [sample(True, True), sample(False, True), sample(True, False)]},
+               {"samples": [sample(True, True), sample(False, False), sample(False, False)]}]
+    result = summarize(records, n=3, ks=(1,), temperature=1.0)
+    assert result["worked_rate"] == 0.5 and result["accuracy_worked"] == 2 / 3 and result["accuracy_unworked"] == 1 / 3
+    assert summarize(records[:1], 3, (1,), 1.0)["accuracy_unworked"] == 1.0
+    none_worked = [{"samples": [sample(True, False)]}]
+    assert summarize(none_worked, 1, (1,), 0.0)["accuracy_worked"] is None
