@@ -87,7 +87,7 @@ def test_absurd_lr_stops_at_the_first_non_finite_gradient_and_keeps_the_last_goo
 
 
 def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path, monkeypatch):
-    real_step = train.grpo_step
+    real_step, handler = train.grpo_step, signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest runs in the background
 
     def step_then_ctrl_c(run, cfg, step):
         out = real_step(run, cfg, step)
@@ -99,7 +99,7 @@ def test_ctrl_c_finishes_the_step_saves_and_resumes(tmp_path, monkeypatch):
     assert summary["interrupted"] and summary["step"] == 2
     assert saved_step(tmp_path) == 2 and log_steps(tmp_path) == [1, 2]
     monkeypatch.setattr(train, "grpo_step", real_step)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
+    assert signal.getsignal(signal.SIGINT) is handler  # the handler was put back
     train.train(tiny(tmp_path, max_steps=3, checkpoint_every=0, resume=True))
     assert log_steps(tmp_path) == [1, 2, 3]
 

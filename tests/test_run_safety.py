@@ -51,7 +51,7 @@ def test_sigterm_mid_run_saves_the_last_logged_step_and_resume_ends_as_an_uninte
 
 
 def test_a_signal_during_the_warm_start_says_the_warm_start_restarts(tmp_path, monkeypatch, capsys):
-    real, calls = sft.sft_loss_backward, []
+    real, calls, handler = sft.sft_loss_backward, [], signal.getsignal(signal.SIGTERM)
 
     def term_at_the_second_sft_step(*args):
         calls.append(1)
@@ -62,7 +62,7 @@ def test_a_signal_during_the_warm_start_says_the_warm_start_restarts(tmp_path, m
     summary = train.train(tiny(tmp_path, sft_steps=50, sft_batch_size=4))
     assert summary["interrupted"] == "SIGTERM" and len(calls) == 2 and summary["step"] == 0
     assert "stopped during the warm start, which is not saved; the same command with --overwrite" in capsys.readouterr().out
-    assert not os.path.exists(tmp_path / "ckpt.pt") and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert not os.path.exists(tmp_path / "ckpt.pt") and signal.getsignal(signal.SIGTERM) is handler
     with pytest.raises(FileNotFoundError, match="ckpt.pt not found .*start it again with --overwrite"):
         train.train(tiny(tmp_path, sft_steps=50, resume=True))
     monkeypatch.setattr(sft, "sft_loss_backward", real)
