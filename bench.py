@@ -267,9 +267,10 @@ def main(argv=None):
     result = {"shape": "tiny" if args.tiny else args.shape, "device": name, "dtype": str(dtype), "torch": torch.__version__,
               "workload": work, "beta": args.beta}
 
-    def done(part: str):  # print the table so far and keep the JSON: a later part may run out of memory
+    def done(part: str):  # print this part's table (TRL's beside our step) and keep the JSON: a later part may OOM
+        shown = ("step", "trl") if part == "trl" else (part,)
         print(report({key: value for key, value in result.items() if key not in ("sampler", "step", "trl")
-                      or key == part}), flush=True)
+                      or key in shown}), flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)

@@ -26,6 +26,7 @@ from model import ModelConfig, Transformer
 RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
              "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "ckpt_eval", "sft_eval", "tb", "wandb")
 LOCK_FILE = "train.lock"  # there while a run holds out_dir (RunLock)
+BEFORE_THE_WARM_START_ENDS = ("config.json", "heldout.jsonl", "sft_log.jsonl")  # a new run replaces these unasked
 
 
 def is_eval_file(name: str) -> bool:
@@ -109,9 +110,15 @@ def check_out_dir(cfg) -> dict | None:
                          "--out_dir")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if not cfg.resume:
-        if ("ckpt.pt" in present or "log.jsonl" in present) and not cfg.overwrite:
-            raise FileExistsError(f"{cfg.out_dir} already holds a run: add --resume to continue it, --overwrite to "
-                                  "delete it and start again, or choose another --out_dir")
+        inside = os.path.relpath(os.path.realpath(cfg.init_from), os.path.realpath(cfg.out_dir)).split(os.sep)[0]
+        if cfg.init_from and (inside in RUN_FILES or is_eval_file(inside)):
+            raise ValueError(f"init_from={cfg.init_from!r} lies in out_dir={cfg.out_dir!r}, whose run files a new run "
+                             "deletes: copy it elsewhere, or choose another --out_dir")
+        kept = [name for name in ours if name not in BEFORE_THE_WARM_START_ENDS]
+        if kept and not cfg.overwrite:
+            names = ", ".join(kept[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
+            raise FileExistsError(f"{cfg.out_dir} already holds a run ({names}): add --resume to continue it, "
+                                  "--overwrite to delete it and start again, or choose another --out_dir")
         return None
     if "ckpt.pt" not in present:
         raise FileNotFoundError(f"--resume: {ckpt_path} not found (a run that stopped during its warm start saved "
@@ -144,14 +151,14 @@ def start_out_dir(cfg, state: dict | None):
     if rank() != 0:  # one process writes
         return
     if state is not None:
-        for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"):
-            truncate_log(os.path.join(cfg.out_dir, name), state["step"])
+        for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"):  # step 0's checkpoint precedes its evaluation
+            truncate_log(os.path.join(cfg.out_dir, name), state["step"] - (name == "eval.jsonl" and state["step"] == 0))
         return
     os.makedirs(cfg.out_dir, exist_ok=True)
-    for name in os.listdir(cfg.out_dir):
-        path = os.path.join(cfg.out_dir, name)
-        if name in RUN_FILES or is_eval_file(name):
-            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    ours = [name for name in os.listdir(cfg.out_dir) if name in RUN_FILES or is_eval_file(name)]
+    for name in sorted(ours, key=lambda name: name == "config.json"):  # config.json last: a half-cleared directory
+        path = os.path.join(cfg.out_dir, name)                          # stays recognisably a run's
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
 
 
 def truncate_log(path: str, step: int):
@@ -224,12 +231,12 @@ def size(nbytes: int) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.2f} MB"
 
 
-def read_checkpoint(path: str, device="cpu") -> dict:
+def read_checkpoint(path: str) -> dict:
     """A train.py checkpoint as a dict, or an error that names the file and what is wrong with it."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} not found")
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises EOFError, UnpicklingError, RuntimeError... for damaged files
         raise ValueError(f"checkpoint {path} cannot be read ({type(error).__name__}: {error}); it is damaged or "
                          "not a train.py checkpoint") from None

@@ -216,8 +216,17 @@ def validate(cfg: TrainConfig):
              f"{'wandb_project' if package == 'wandb' else 'tensorboard'} asks for {package}, which is not installed: "
              f"pip install {package}" + (" (WANDB_MODE=offline logs without a network)" if package == "wandb" else ""))
     need(0 <= cfg.random_reward <= 1, f"random_reward must be a probability in [0, 1], got {cfg.random_reward}")
+    need(not cfg.random_reward or (cfg.method == "grpo" and cfg.reward_weights.get("correctness", 0) > 0),
+         f"random_reward replaces the correctness reward of GRPO's samples, so it needs method='grpo' and a "
+         f"correctness weight in reward_weights; got method={cfg.method!r}, reward_weights={cfg.reward_weights}")
     need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
     need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
+    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # the penalty lives in the outcome advantages
+        need(cfg.supervision != "process", "kl_estimator='k1_reward' puts the KL in the outcome rewards, which "
+             "supervision='process' does not use: the run would have no KL penalty; use 'both', or k3_is in the loss")
+        need(cfg.adv_scale == "none", "kl_estimator='k1_reward' with adv_scale='std': in a group whose rewards are all "
+             "equal (all right or all wrong) the std scaling divides beta back out and the KL alone gets unit-sized "
+             "advantages; set adv_scale='none' (Dr. GRPO), or keep std with a loss-side estimator (k3_is)")
     try:  # grpo.py, data.py and reward_models.py own the allowed values: a dry run on a tiny batch checks them
         check_reward_names(cfg.reward_weights)
         response_prefix(cfg.template)  # checks the template's name

@@ -4,6 +4,7 @@ set. Every rank draws the same questions and samples its own slice of whole grou
 whole batch's, so the ranks' gradients add up to the single-process gradient; rank 0 writes every file.
 Without torchrun there is no process group and these helpers change nothing.
 """
+import dataclasses
 import os
 
 import torch
@@ -113,12 +114,13 @@ def from_every_rank(obj) -> list:
 
 
 def all_samples(samples):
-    """Every rank's rollout.Samples in rank order, i.e. the whole step's rows; timings are the slowest rank's."""
+    """Every rank's rollout.Samples in rank order, i.e. the whole step's rows, for the log; timings are the slowest
+    rank's. The per-token log-probs stay on their rank (None here): the log does not read them."""
     if not dist.is_initialized():
         return samples
-    parts, merged = [vars(part) for part in from_every_rank(samples)], {}
+    parts, merged = [vars(part) for part in from_every_rank(dataclasses.replace(samples, logprobs=None))], {}
     for key, value in parts[0].items():
-        if value is None:  # claims, without process supervision
+        if value is None:  # logprobs; claims, without process supervision
             merged[key] = None
         elif isinstance(value, list):
             merged[key] = [x for part in parts for x in part[key]]

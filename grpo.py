@@ -6,7 +6,10 @@ a KL penalty toward a reference by one of KL_ESTIMATORS, three loss aggregations
 accumulation); kl_penalized_rewards for the KL in the reward instead. A batch holds n_groups * group_size
 completions; each consecutive block of group_size rows answers one prompt.
 
-Which KL estimator (r = pi_ref / pi_theta at a sampled token, samples from pi_old; on-policy: pi_old = pi_theta):
+Which KL estimator (r = pi_ref / pi_theta at a sampled token, samples from pi_old; on-policy: pi_old = pi_theta).
+The loss-side estimators' gradient claims hold per token, the prefix held fixed: for a completion of several tokens
+the gradient of the sequence's KL also has a term through the prefixes' own probabilities, which only k1_reward
+(a sequence-level score-function term) carries:
     k3         r - log r - 1, added to the loss (DeepSeekMath, TRL's default). Its value is an unbiased estimate of
                KL(pi_theta || pi_ref) on-policy, but its expected gradient is that of the other KL:
                E[grad k3] = E[(1 - r) grad log pi_theta] = grad KL(pi_ref || pi_theta), the forward KL.
@@ -20,8 +23,10 @@ Which KL estimator (r = pi_ref / pi_theta at a sampled token, samples from pi_ol
     k1_reward  k1 = log pi_theta / pi_ref summed over the sequence, subtracted from the sequence's reward before the
                group normalisation (kl_penalized_rewards; PPO-style): the score-function gradient
                E[(R - beta k1) grad log pi] = grad (E[R] - beta KL(pi_theta || pi_ref)) on-policy, exactly when the
-               advantages are unbiased (adv_scale="none" with rloo or no baseline; "mean" scales it by (G-1)/G, and
-               "std" divides by the group's spread). k1 as a loss term has zero expected gradient.
+               advantages are unbiased (adv_scale="none" with rloo or no baseline; "mean" scales it by (G-1)/G;
+               config.validate refuses "std", which divides beta back out in groups of equal rewards). k1 as a loss
+               term has zero expected gradient. train.py takes k1 from the sampler's log-probs (the bf16 copy on a
+               GPU), so logprob_gap adds to it.
 The value logged as "kl" is k3's whatever the estimator, so curves stay comparable; it estimates
 KL(pi_theta || pi_ref) on-policy, i.e. at the first of mu > 1 updates (the samples come from pi_old after that).
 """

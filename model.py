@@ -19,6 +19,7 @@ refusing a non-finite gradient), the update every training step of train.py, sft
 import json
 import math
 import os
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -381,9 +382,6 @@ class Transformer(nn.Module):
         state = _to_hf_names(self.merged_state_dict(), self.config)
         weights = os.path.join(out_dir, "model.safetensors")
         save_file({name: t.contiguous().cpu() for name, t in state.items()}, weights, metadata={"format": "pt"})
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600; the other files of the export follow the umask
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(out_dir)
         hf_config = self.config.to_hf(self.embed.weight.dtype)
@@ -391,6 +389,7 @@ class Transformer(nn.Module):
         hf_config.update({key: getattr(tokenizer, key, None) for key in special_ids})
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
+        shutil.copymode(f.name, weights)  # safetensors writes 0600; the export's other files follow the umask
 
     def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0, return_hidden=False):
         """ids [B, T] -> logits [B, T, vocab] (or the final normed hidden states [B, T, dim]).

@@ -12,8 +12,11 @@ from distributed import rank
 
 
 class Tracker:
-    def __init__(self, cfg, run_id: str):
-        """run_id: the run's own id (kept in its checkpoints), so a resumed run goes on in the same wandb run."""
+    def __init__(self, cfg, run_id: str, step: int = 0):
+        """run_id: the run's own id (kept in its checkpoints), so a resumed run goes on in the same wandb run; step:
+        the step it resumes from. TensorBoard drops its points after that step (they are about to be redone); wandb
+        keeps them and ignores the redone steps, so after a crash between checkpoints its curves show the abandoned
+        attempt there (log.jsonl, eval.jsonl and TensorBoard show the redone steps)."""
         self.out_dir, self.wandb, self.tensorboard = cfg.out_dir, None, None
         if rank() != 0:
             return
@@ -23,7 +26,7 @@ class Tracker:
                                     id=run_id, resume="allow", config=vars(cfg), dir=cfg.out_dir)
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.tensorboard = SummaryWriter(os.path.join(cfg.out_dir, "tb"))
+            self.tensorboard = SummaryWriter(os.path.join(cfg.out_dir, "tb"), purge_step=step + 1 if step else None)
 
     def log(self, record: dict, file: str = "log.jsonl"):
         """Append record ({"step": N, ...}) to out_dir/file, and its numbers to the trackers, under "train/" for
@@ -45,6 +48,6 @@ class Tracker:
 
     def __exit__(self, *exc):
         if self.wandb is not None:
-            self.wandb.finish()
+            self.wandb.finish(exit_code=1 if exc[0] is not None else 0)  # a crashed run shows as failed
         if self.tensorboard is not None:
             self.tensorboard.close()

@@ -18,7 +18,6 @@ steps: logs, held-out evaluations and checkpoints. `method` swaps grpo_step for 
 import contextlib
 import copy
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -38,7 +37,7 @@ from tqdm import tqdm
 import baselines
 from checkpoint import (RunLock, check_out_dir, check_out_dir_path, fingerprint, load_init_weights,
                         model_from_checkpoint, read_checkpoint, save_checkpoint, start_out_dir, tokenizer_of)
-from config import TrainConfig, load_config
+from config import TrainConfig, installed, load_config
 from data import QuestionStream, encode_prompt, load_problems, write_jsonl
 from distributed import (all_samples, copy_weights, from_every_rank, init_distributed, max_over_ranks, rank,
                          shard_optimizer_state, spread, summed_over_ranks, whole, world_size)
@@ -89,15 +88,19 @@ def train(cfg: TrainConfig) -> dict:
                 tqdm.write(f"{stop.requested}: stopped during the warm start, which is not saved; the same command "
                            "with --overwrite starts the run again")
             return {"pass@1_start": None, "pass@1_end": None, "interrupted": stop.requested, "step": 0}
-        with Tracker(cfg, run.run_id) as tracker:
-            summary = loop(run, cfg, stop, tracker)
         ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+        if run.step == 0 and not cfg.resume:  # a resume point after the warm start, before anything else can fail
+            save_checkpoint(run, cfg, ckpt_path)
+            if cfg.warm_starts:  # eval.py can score the warm start alone after ckpt.pt moves on
+                save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
+        with Tracker(cfg, run.run_id, run.step) as tracker:
+            summary = loop(run, cfg, stop, tracker)
         if main and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub; from ckpt.pt: whole under FSDP2
             model_from_checkpoint(read_checkpoint(ckpt_path)).save_pretrained(os.path.join(cfg.out_dir, "hf"),
                                                                               run.tokenizer)
         drawn = any(os.path.getsize(os.path.join(cfg.out_dir, name)) for name in ("log.jsonl", "eval.jsonl")
                     if os.path.isfile(os.path.join(cfg.out_dir, name)))
-        if main and drawn and importlib.util.find_spec("matplotlib") is not None:  # optional: the plot is a bonus
+        if main and drawn and installed("matplotlib"):  # optional: the plot is a bonus
             from plot import plot_run
             tqdm.write(f"curves: {plot_run(cfg.out_dir)}")
     return summary
@@ -107,12 +110,8 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
     """The steps from run.step + 1 to max_steps, with logs, evaluations and checkpoints between them."""
     summary, main = {"pass@1_start": None, "pass@1_end": None, "interrupted": False}, rank() == 0
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if run.step == 0 and not cfg.resume:
-        if cfg.eval_every > 0:
-            summary["pass@1_start"] = held_out_eval(run, cfg, tracker)
-        save_checkpoint(run, cfg, ckpt_path)  # a resume point after the warm start
-        if cfg.warm_starts:  # eval.py can score the warm start alone after ckpt.pt moves on
-            save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
+    if run.step == 0 and cfg.eval_every > 0:  # a resume at step 0 has no step-0 evaluation (start_out_dir)
+        summary["pass@1_start"] = held_out_eval(run, cfg, tracker)
     bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps, desc=cfg.method,
                dynamic_ncols=True, disable=not main)
     for step in bar:
@@ -121,7 +120,11 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
             record, shown = step_function(cfg.method)(run, cfg, step)
         except Exception as error:  # steps up to step - 1 were complete: keep them if the weights are still theirs
             saved = save_before_failure(run, cfg, ckpt_path, *before)
-            raise type(error)(f"step {step}: {error}; {saved}") if isinstance(error, FloatingPointError) else error
+            if isinstance(error, FloatingPointError):  # its message names the step and what to change
+                raise FloatingPointError(f"step {step}: {error}; {saved}") from None
+            if main:
+                tqdm.write(f"step {step} failed ({type(error).__name__}); {saved}")
+            raise
         run.step = step
         tracker.log(record)
         if main:
@@ -136,8 +139,7 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
             copy_weights(run.reference, run.policy)  # iterative GRPO
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
             summary["pass@1_end"] = held_out_eval(run, cfg, tracker)
-        # torchrun forwards a signal to every rank, maybe not within the same step: any rank's request stops all
-        stopping = next(filter(None, from_every_rank(stop.requested)), False)
+        stopping = stop.agreed() if step < cfg.max_steps else False  # a signal in the last step stops nothing
         if stopping or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             save_checkpoint(run, cfg, ckpt_path)
         if stopping:
@@ -340,7 +342,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
                           cfg.sft_lr, cfg.warmup_steps, cfg.grad_clip, cfg.micro_batch_size, tokenizer.pad_token_id,
                           device, autocast, cfg.logprob_chunk, cfg.seed,
                           os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull,
-                          should_stop=(lambda: any(from_every_rank(stop.requested))) if stop else None)
+                          should_stop=stop.agreed if stop else None)
         if done < cfg.sft_steps:
             return None
     if state is None and cfg.lora_rank > 0:  # after the warm start: SFT trains every weight
@@ -414,6 +416,12 @@ class StopRequest:
         signal.signal(signum, self.previous[signum])
         tqdm.write(f"{self.requested}: stopping after the current step"
                    + (" (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""))
+
+    def agreed(self):
+        """The signal any rank got (a collective: torchrun forwards a signal to every rank, maybe not within the same
+        step, and any rank's request stops all), or False; kept in `requested`, so every rank reports it."""
+        self.requested = next(filter(None, from_every_rank(self.requested)), False)
+        return self.requested
 
     def __exit__(self, *exc):
         for signum, previous in self.previous.items():

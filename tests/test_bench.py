@@ -38,6 +38,18 @@ def test_missing_trl_is_reported_not_hidden():
     assert "TRL: skipped, trl is not importable" in bench.report(result)
 
 
+def test_the_trl_part_prints_its_row_beside_our_step(monkeypatch, capsys):
+    """When TRL's step is done, bench prints it with our step's row and the ratios (each part prints as it ends)."""
+    step = {"time_step": 1.0, "time_sample": 0.5, "time_reward": 0.1, "time_reference": 0.2, "time_update": 0.2,
+            "peak_memory_gib": 1.0, "steps_timed": 2, "response_length": 16.0}
+    monkeypatch.setattr(bench, "bench_step", lambda *args, **kwargs: step)
+    monkeypatch.setattr(bench, "bench_trl", lambda *args: {"time_step": 3.0, "peak_memory_gib": 2.0,
+                                                           "response_length": 15.0})
+    bench.main(["--tiny", "--skip", "sampler"])
+    last = capsys.readouterr().out.split("tiny shapes")[-1]  # the table printed when the TRL part ended
+    assert "| train.grpo_step |" in last and "| TRL GRPOTrainer |" in last and "TRL step time / ours 3.00x" in last
+
+
 def test_bandwidth_bound_counts_weights_and_the_growing_cache():
     from model import ModelConfig, Transformer
     model = Transformer(ModelConfig(**bench.SHAPES["tiny"], max_seq_len=64))
@@ -54,7 +66,7 @@ def test_trl_step_generates_the_same_batch_once(rows):
     (128 rows: 2 x 64, the full workload's way)."""
     pytest.importorskip("trl", reason="trl is optional (pip install trl datasets): TRL's side of bench.py")
     work = {**bench.WORKLOADS["tiny"], **rows}
-    trl = bench.bench_trl(bench.SHAPES["tiny"], work, *resolve_device("cpu"), beta=0.04)
+    trl = bench.bench_trl(bench.SHAPES["tiny"], work, *resolve_device("cpu"), beta=0.04, micro=bench.micro_batch(work))
     assert trl["completions_per_step"] == [work["prompts"] * work["group"]] * work["steps"]
     assert 0 < trl["response_length"] <= work["step_new"] and trl["time_step"] > 0 and trl["peak_memory_gib"] > 0
 

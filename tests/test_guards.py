@@ -34,7 +34,7 @@ def saved_step(out_dir):
 def test_rerun_without_resume_refuses_and_overwrite_starts_clean(tmp_path):
     train.train(tiny(tmp_path, eval_every=1))
     assert log_steps(tmp_path) == [1, 2] and os.path.isfile(tmp_path / "eval_00002.jsonl")
-    with pytest.raises(FileExistsError, match="already holds a run: add --resume .* --overwrite"):
+    with pytest.raises(FileExistsError, match=r"already holds a run \(ckpt.pt, .* and \d more\): add --resume .* --overwrite"):
         train.train(tiny(tmp_path))
     assert log_steps(tmp_path) == [1, 2] and saved_step(tmp_path) == 2  # untouched
     train.train(tiny(tmp_path, max_steps=1, overwrite=True))
@@ -69,6 +69,11 @@ def test_resume_keeps_the_checkpoint_config_and_allows_only_safe_changes(tmp_pat
     (dict(tokenizer=""), "model='scratch' needs a tokenizer"),
     (dict(template="chatty"), "unknown prompt template 'chatty'"),
     (dict(resume=True, overwrite=True), "resume and overwrite exclude each other"),
+    (dict(random_reward=0.3, method="rft"), "random_reward replaces the correctness reward of GRPO's samples"),
+    (dict(random_reward=0.3, reward_weights={"format": 1.0}), "random_reward replaces the correctness reward"),
+    (dict(kl_estimator="k1_reward", beta=0.1), "k1_reward' with adv_scale='std': in a group whose rewards are all"),
+    (dict(kl_estimator="k1_reward", beta=0.1, adv_scale="none", supervision="process"),
+     "k1_reward' puts the KL in the outcome rewards, which supervision='process' does not use"),
 ])
 def test_every_setting_is_checked_when_the_config_loads(tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):

@@ -167,6 +167,49 @@ def test_resuming_a_step_0_checkpoint_writes_one_step_0_evaluation(tmp_path):
         assert [json.loads(line)["step"] for line in f] == [0, 1]
 
 
+def test_a_new_run_never_deletes_the_checkpoint_it_starts_from(tmp_path):
+    train.train(tiny(tmp_path, max_steps=1))
+    with pytest.raises(ValueError, match="init_from=.*ckpt.pt' lies in out_dir=.*whose run files a new run deletes"):
+        train.train(tiny(tmp_path, init_from=str(tmp_path / "ckpt.pt"), overwrite=True))
+    assert saved_step(tmp_path) == 1 and log_steps(tmp_path) == [1]
+
+
+def test_a_warm_start_whose_checkpoint_is_gone_is_kept_without_overwrite(tmp_path):
+    train.train(tiny(tmp_path, sft_steps=2, sft_batch_size=4, max_steps=0))
+    os.remove(tmp_path / "ckpt.pt")  # to save disk, say
+    with pytest.raises(FileExistsError, match=r"already holds a run \(.*sft.pt.*\): add --resume"):
+        train.train(tiny(tmp_path, sft_steps=2, sft_batch_size=4))
+    assert os.path.isfile(tmp_path / "sft.pt")
+
+
+def test_a_failure_in_the_first_evaluation_keeps_the_warm_start_and_resume_evaluates_once(tmp_path, monkeypatch):
+    real = train.held_out_eval
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory (as if)")
+    monkeypatch.setattr(train, "held_out_eval", out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train.train(tiny(tmp_path, sft_steps=2, sft_batch_size=4, eval_every=1))
+    assert saved_step(tmp_path) == 0 and os.path.isfile(tmp_path / "sft.pt")  # the warm start is kept
+    monkeypatch.setattr(train, "held_out_eval", real)
+    train.train(tiny(tmp_path, sft_steps=2, sft_batch_size=4, eval_every=1, resume=True))
+    with open(tmp_path / "eval.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [0, 1, 2]
+
+
+def test_a_signal_in_the_last_step_stops_nothing(tmp_path, monkeypatch):
+    real = train.grpo_step
+
+    def step_then_sigterm(run, cfg, step):
+        out = real(run, cfg, step)
+        if step == cfg.max_steps:
+            signal.raise_signal(signal.SIGTERM)
+        return out
+    monkeypatch.setattr(train, "grpo_step", step_then_sigterm)
+    summary = train.train(tiny(tmp_path, max_steps=2))
+    assert summary["interrupted"] is False and summary["step"] == 2 and saved_step(tmp_path) == 2
+
+
 def test_the_disk_check_refuses_before_writing(tmp_path, monkeypatch):
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage._replace(free=10))

@@ -24,8 +24,8 @@ class FakeWandb(types.ModuleType):
     def log(self, values, step):
         self.calls.append(("log", step, values))
 
-    def finish(self):
-        self.calls.append(("finish",))
+    def finish(self, exit_code=None):
+        self.calls.append(("finish", exit_code))
 
 
 def test_a_tracker_asked_for_but_missing_is_named(tmp_path, monkeypatch):
@@ -47,7 +47,7 @@ def test_wandb_gets_every_record_and_a_resumed_run_goes_on_in_the_same_wandb_run
     with open(tmp_path / "log.jsonl") as f:
         steps = [json.loads(line) for line in f]
     assert [s for s, v in logged if "train/reward" in v] == [1, 2] and [s for s, v in logged if "eval/pass@1" in v] == [0, 2]
-    assert logged[1][1]["train/reward"] == steps[0]["reward"] and fake.calls[-1] == ("finish",)
+    assert logged[1][1]["train/reward"] == steps[0]["reward"] and fake.calls[-1] == ("finish", 0)
     train.train(tiny(tmp_path, max_steps=3, eval_every=0, wandb_project="nano", resume=True))
     assert [c for c in fake.calls if c[0] == "init"][1][1]["id"] == init[1]["id"]
 
@@ -56,8 +56,8 @@ def test_tensorboard_writes_scalars(tmp_path, monkeypatch):
     written = []
 
     class FakeWriter:
-        def __init__(self, log_dir):
-            written.append(("dir", log_dir))
+        def __init__(self, log_dir, purge_step=None):
+            written.append(("dir", log_dir, purge_step))
 
         def add_scalar(self, key, value, step):
             written.append((key, value, step))
@@ -69,5 +69,8 @@ def test_tensorboard_writes_scalars(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
     monkeypatch.setattr(config, "installed", lambda package: True)
     train.train(tiny(tmp_path, max_steps=2, tensorboard=True))
-    assert written[0] == ("dir", str(tmp_path / "tb")) and written[-1] == ("closed",)
+    assert written[0] == ("dir", str(tmp_path / "tb"), None) and written[-1] == ("closed",)
     assert {(key, step) for key, _, step in written[1:-1]} >= {("train/reward", 1), ("train/kl", 2)}
+    written.clear()
+    train.train(tiny(tmp_path, max_steps=3, tensorboard=True, resume=True))  # points after step 2 are redone
+    assert written[0] == ("dir", str(tmp_path / "tb"), 3) and {step for *_, step in written[1:-1]} == {3}
