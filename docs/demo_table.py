@@ -12,7 +12,6 @@ demo_random.py (GRPO on a coin, its rate GRPO's training accuracy over its first
 Every run uses one thread (two run side by side); the demo's result is the same on one or two.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -20,16 +19,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from plot import read_log as read  # noqa: E402  (the repository's modules, from docs/)
 BASELINES = {"rft": "demo_rft.py", "sft_answers": "demo_sft_answers.py", "sft_more": "demo_sft_more.py",
              "random": "demo_random.py"}
 METHODS = ("grpo", "rft", "sft_answers", "sft_more", "random")
-
-
-def read(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 def finished(out_dir: str) -> bool:
