@@ -176,8 +176,10 @@ def main(argv=None):
     for k in ks:
         if k > 1:
             print(f"pass@{k}: {summary[f'pass@{k}']:.4f}")
+    accuracy = {kind: "n/a" if summary[f"accuracy_{kind}"] is None else f"{summary[f'accuracy_{kind}']:.3f}"
+                for kind in ("worked", "unworked")}
     print(f"worked answers (an arithmetic claim before </think>): {summary['worked_rate']:.3f} of the completions; "
-          f"accuracy {summary['accuracy_worked']}, without work {summary['accuracy_unworked']}")
+          f"accuracy {accuracy['worked']}, without work {accuracy['unworked']}")
     print(f"completions: {os.path.join(out_dir, 'completions.jsonl')}; summary: {os.path.join(out_dir, 'summary.json')}")
     return summary
 

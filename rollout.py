@@ -72,16 +72,14 @@ def sample_groups(run, cfg, step: int) -> tuple[list[int], list[list[int]], Samp
     G, share = cfg.group_size, cfg.prompts_per_step // world_size()
     picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
     rows = [i for i in picked for _ in range(G)]
-    prompts = [run.prompts[i] for i in rows]
+    prompts, seed = [run.prompts[i] for i in rows], rollout_seed(cfg.seed, step * world_size() + rank())
     with run.sampler.lora_merged():
         samples = sample_and_score(run.sampler, run.tokenizer, prompts, [run.problems[i]["gold"] for i in rows],
-                                   cfg.template, cfg.max_new_tokens, cfg.temperature,
-                                   rollout_seed(cfg.seed, step * world_size() + rank()), cfg.reward_weights,
+                                   cfg.template, cfg.max_new_tokens, cfg.temperature, seed, cfg.reward_weights,
                                    questions=[run.problems[i]["question"] for i in rows], functions=run.rewards,
                                    process=cfg.supervision != "outcome", cuda_graphs=cfg.cuda_graphs)
     if cfg.random_reward > 0:  # the control: the same run, with a coin in the place of correctness
-        samples.rewards = coin_rewards(samples, cfg.reward_weights.get("correctness", 0.0), cfg.random_reward,
-                                       rollout_seed(cfg.seed, step * world_size() + rank()))
+        samples.rewards = coin_rewards(samples, cfg.reward_weights["correctness"], cfg.random_reward, seed)
     return picked, prompts, samples
 
 
