@@ -28,7 +28,7 @@ from grpo import LossSettings, check_settings, group_advantages
 from model import LORA_TARGETS, ModelConfig, resolve_device
 from refusal import refusals
 from reward_models import check_reward_names
-from rewards import ANSWER_CHECKERS
+from rewards import ANSWER_CHECKERS, REFLECTION_MARKERS
 from template import template_dict, template_of
 
 
@@ -120,6 +120,7 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
     eval_batch_size: int = 64
     sample_every: int = 10  # print and save a few completions every N steps; 0 = never
     progress_keys: tuple = ("reward", "accuracy", "response_length", "kl", "loss")  # log keys on the progress bar
+    reflection_markers: tuple = REFLECTION_MARKERS  # re-check phrases: reflect_rate (rewards.reflects) in the logs
     checkpoint_every: int = 50  # and at the end; 0 = only at the end
     out_dir: str = "out/gsm8k"
     wandb_project: str = ""  # log every record to Weights & Biases under this project ("" = off; pip install wandb)
@@ -161,7 +162,8 @@ MATH_DIRS = ("data/math", "data/math500")  # dataset="math": training (downloade
 # (out_dir too: a run resumes wherever it now lies)
 RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "sft_checkpoint_every",
              "micro_batch_size", "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume",
-             "overwrite", "out_dir", "wandb_project", "tensorboard", "cuda_graphs", "progress_keys")
+             "overwrite", "out_dir", "wandb_project", "tensorboard", "cuda_graphs", "progress_keys",
+             "reflection_markers")
 RENAMED_KEYS = {"algorithm": "method"}  # old name -> new name: old configs and checkpoints still load
 RENAMED_VALUES = {("dataset", "demo"): "synthetic_split"}
 
@@ -275,6 +277,10 @@ def validate(cfg: TrainConfig):
          f"needs method='grpo' and supervision='outcome', got {cfg.method!r} and {cfg.supervision!r}")
     need(all(isinstance(key, str) for key in cfg.progress_keys), f"progress_keys must be log keys (strings), got "
                                                                  f"{cfg.progress_keys}")
+    need(isinstance(cfg.reflection_markers, (tuple, list)) and len(cfg.reflection_markers) > 0 and all(
+        isinstance(m, str) and m.strip() == m and m and "  " not in m and all(c.isalnum() or c in "- " for c in m)
+        for m in cfg.reflection_markers), f"reflection_markers must be words or phrases (letters, digits, hyphens and "
+        f"single spaces: rewards.reflects matches whole words), got {cfg.reflection_markers}")
     need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # the penalty lives in the outcome advantages
         need(cfg.supervision != "process", "kl_estimator='k1_reward' puts the KL in the outcome rewards, which "

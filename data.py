@@ -436,6 +436,64 @@ def answer_only(row: dict) -> dict:
     return {"question": row["question"], "solution": f"#### {row['gold']}", "gold": row["gold"]}
 
 
+PLANTED_SLIPS = (-10, -2, -1, 1, 2, 10)  # a planted wrong result is the right one plus one of these (never negative)
+
+
+def count_check(expression: str) -> str:
+    """A line's re-check by counting one at a time, each step a true equation: "30-4" -> "30-4=29-3=28-2=27-1=26",
+    "26+3" -> "26+3=27+2=28+1=29". Slower than the line's own "30-4=26", but each step only adds or takes away 1."""
+    op = "+" if "+" in expression else "-"
+    total, amount = map(int, expression.split(op))
+    steps = [expression]
+    while amount > 0:
+        total, amount = total + (1 if op == "+" else -1), amount - 1
+        steps.append(f"{total}{op}{amount}" if amount else str(total))
+    return "=".join(steps)
+
+
+def carries(total: int, op: str, amount: int) -> bool:
+    """True if total op amount crosses a ten, so that a quick sum has a carry or a borrow: 17+5, 23-5 (a total below
+    0, which only a slipped solution reaches, never)."""
+    return total >= 0 and (total % 10 + amount >= 10 if op == "+" else total >= 10 and total % 10 < amount)
+
+
+def rework_solution(row: dict, rng: random.Random, check: bool, error_rate: float = 0.0,
+                    carry_slip: float = 0.0) -> dict:
+    """The row's worked solution written again line by line, for configs/demo_aha.py: each line's quick result
+    drops its carry or borrow with probability carry_slip where it has one (carries: "17+5=12", "23-5=28"), and with
+    check each line ends with a re-check by counting (count_check), which finds a slip and corrects it:
+        check:      "gives away 4: 30-4=26 check 30-4=29-3=28-2=27-1=26"
+        slip found: "buys 5 more: 17+5=12 wait, 12 is wrong: 17+5=18+4=19+3=20+2=21+1=22"
+    With check, error_rate also plants other slips (PLANTED_SLIPS) for the check to find. A checked line ends with its
+    right result and the next line goes on from it, so the answer stays right; without check a slip stands and the
+    next line goes on from the slipped result, so the answer (the row's gold) is what the slips make it, as a solver
+    who never checks would write it. Lines are "clause: total op amount=result" (or without the clause)."""
+    lines, total = [], None
+    for line in row["solution"].splitlines():
+        head, equals, _ = line.rpartition("=")
+        if not equals or line.lstrip().startswith("####"):
+            continue
+        clause, _, expression = head.rpartition(": ")
+        op = "+" if "+" in expression else "-"
+        start, amount = map(int, expression.split(op))  # the row's own lines: never below 0
+        total = start if total is None else total  # the first line's start; then wherever the last line ended
+        expression, right = f"{total}{op}{amount}", total + amount if op == "+" else total - amount
+        first = right
+        if carry_slip > 0 and carries(total, op, amount) and rng.random() < carry_slip:
+            first = right - 10 if op == "+" else right + 10
+        elif check and error_rate > 0 and rng.random() < error_rate:
+            first = rng.choice([right + d for d in PLANTED_SLIPS if right + d >= 0])
+        lead = f"{clause}: {expression}" if clause else expression
+        if not check:
+            lines.append(f"{lead}={first}")
+            total = first
+        else:
+            verdict = "check" if first == right else f"wait, {first} is wrong:"
+            lines.append(f"{lead}={first} {verdict} {count_check(expression)}")
+            total = right
+    return {**row, "solution": "\n".join(lines + [f"#### {total}"]), "gold": str(total)}
+
+
 def has_worked_solution(row: dict) -> bool:
     """True if the solution holds more than its final "#### N" line."""
     return any(line.strip() and not line.lstrip().startswith("####") for line in row["solution"].splitlines())
@@ -464,7 +522,9 @@ def family_problems(n: int, rng: random.Random, exclude: set[str], ops: tuple, m
 def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldout_size: int = 300,
                     warm_ops: tuple = (1, 4), rl_ops: tuple = (2, 3), warm_mix: str = "one", rl_mix: str = "both",
                     max_operand: int = 9, max_start: int = 50, restate: bool = True,
-                    direct_share: float = 0.0) -> tuple[list, list, list]:
+                    direct_share: float = 0.0, reflect_share: float = 0.0, reflect_error: float = 0.0,
+                    cue_share: float = 0.0, reflect_cue: str = "Check each step.",
+                    carry_slip: float = 0.0) -> tuple[list, list, list]:
     """dataset="synthetic_split": three sets, a deterministic function of seed (each set from its own stream, so one
     size does not change another set's draws); every set holds distinct chains (chain_key), of its ops range and
     mix (MIXES: "one" = only additions or only subtractions, "both" = both kinds in one chain); restate: each
@@ -473,13 +533,24 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     - warm: warm_size problems with worked solutions (the SFT warm start), except that with direct_share > 0 a
       seeded coin per problem (its own stream) gives about that share of them the answer alone (answer_only: the
       target "</think> <answer>N</answer>", no work), so the warm start mixes the two behaviours (configs/demo.py);
-      direct_share 0 draws no coin;
+      direct_share 0 draws no coin. configs/demo_aha.py's re-checks (rework_solution), drawn with a third coin
+      (its own stream) per worked solution: about cue_share of them are asked with reflect_cue before the question
+      (before, so the question's clauses lie as far from the answer as in an uncued prompt) and answered with a
+      re-check by counting on each line; of the others, asked as usual, about reflect_share re-check too. So the
+      warm start learns to re-check where the question asks for it, and does so only rarely unprompted, as the RL
+      and held-out questions (never cued) are asked. carry_slip: the share of lines with a carry or borrow whose
+      quick result drops it, in every worked solution: a re-check corrects it, an unchecked solution keeps it and
+      ends at the answer it leads to (its gold). reflect_error plants other slips, in re-checked lines only. All
+      four 0 draw no coin;
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;
     - heldout: heldout_size problems of the RL family, answer only, strictly novel: no chain occurs in warm or rl."""
     if not 0 <= direct_share < 1:
         raise ValueError(f"direct_share must be in [0, 1) (the warm start needs some worked solutions), got "
                          f"{direct_share}")
+    if not all(0 <= share <= 1 for share in (reflect_share, cue_share, reflect_error, carry_slip)):
+        raise ValueError(f"reflect_share, cue_share, reflect_error and carry_slip must be in [0, 1], got "
+                         f"{reflect_share}, {cue_share}, {reflect_error} and {carry_slip}")
     if max_operand < 1 or max_start < 1:
         raise ValueError(f"need max_operand >= 1 and max_start >= 1, got {max_operand} and {max_start}")
     for name, ops in (("warm_ops", warm_ops), ("rl_ops", rl_ops)):
@@ -495,6 +566,17 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     if direct_share > 0:  # a coin per warm-start problem, from its own stream; the chains stay warm chains
         coin = random.Random(f"{seed}:direct")
         warm = [answer_only(row) if coin.random() < direct_share else row for row in warm]
+    if reflect_share > 0 or cue_share > 0 or carry_slip > 0:  # a coin per worked solution, then its slips
+        coin, rows = random.Random(f"{seed}:reflect"), []
+        for row in warm:
+            if has_worked_solution(row):
+                draw = coin.random()
+                check = draw < cue_share + (1 - cue_share) * reflect_share
+                row = rework_solution(row, coin, check, reflect_error, carry_slip)
+                if draw < cue_share:
+                    row = {**row, "question": f"{reflect_cue} {row['question']}"}
+            rows.append(row)
+        warm = rows
     rl = family_problems(rl_size, random.Random(f"{seed}:rl"), warm_chains, rl_ops, rl_mix, max_operand, max_start,
                          restate, "RL")
     heldout = family_problems(heldout_size, random.Random(f"{seed}:heldout"), warm_chains | {

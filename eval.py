@@ -25,11 +25,11 @@ from tqdm import tqdm
 from checkpoint import load_model
 from data import load_problem_file
 from distributed import from_every_rank, rank, world_size
-from metrics import COMPLETION_FLAGS
+from metrics import completion_flags
 from model import resolve_device
 from preflight import check_reachable, hub_names
 from refusal import command_line, refusals
-from rewards import ANSWER_CHECKERS, final_answer
+from rewards import ANSWER_CHECKERS, REFLECTION_MARKERS, final_answer
 from rollout import rollout_seed, sample_and_score
 from template import encode_prompt, template_of
 
@@ -60,12 +60,13 @@ def mean_and_stderr(values: list[float]) -> tuple[float, float]:
 def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1, temperature: float = 0.0,
              ks: tuple[int, ...] = (1,), max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
              top_p: float = 1.0, top_k: int = 0, out_path: str | None = None, desc: str = "eval",
-             progress: bool = True, cuda_graphs: bool = True, answer_checker: str = "gsm8k") -> dict:
+             progress: bool = True, cuda_graphs: bool = True, answer_checker: str = "gsm8k",
+             reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
     """Sample n completions per row ({"question", "gold"}) and score them; template: a template.Template, a
     TEMPLATES name or a dict; answer_checker: a rewards.ANSWER_CHECKERS name. Returns {"pass@1", "pass@1_stderr"
-    (over questions), "pass@k" for each k <= n, "format_rate", for each of metrics.COMPLETION_FLAGS (e.g. worked)
-    "worked_rate", "accuracy_worked" and "accuracy_unworked" (of those completions and of the others; None if there
-    are none), "response_length", "truncation_rate", "questions", "n", "temperature"}, and when every row has a
+    (over questions), "pass@k" for each k <= n, "format_rate", for each of metrics.completion_flags (worked, reflect)
+    e.g. "worked_rate", "accuracy_worked" and "accuracy_unworked" (of those completions and of the others; None if
+    there are none), "response_length", "truncation_rate", "questions", "n", "temperature"}, and when every row has a
     "subject" and a "level" (MATH) "by_subject" and "by_level" (breakdown); temperature 0 is greedy. out_path: one
     JSON line per completion."""
     if not rows:
@@ -73,7 +74,7 @@ def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1,
     if n > 1 and temperature == 0:
         raise ValueError("n > 1 samples at temperature 0 are n copies of the greedy answer: set --temperature")
     records = score_questions(model, tokenizer, rows, template, n, temperature, max_new_tokens, batch_size, seed,
-                              top_p, top_k, desc, progress, cuda_graphs, answer_checker)
+                              top_p, top_k, desc, progress, cuda_graphs, answer_checker, reflection_markers)
     if out_path:
         write_completions(records, out_path)
     return summarize(records, n, ks, temperature)
@@ -83,10 +84,11 @@ def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1,
 def score_questions(model, tokenizer, rows: list[dict], template, n: int, temperature: float,
                     max_new_tokens: int, batch_size: int, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
                     desc: str = "eval", progress: bool = True, cuda_graphs: bool = True,
-                    answer_checker: str = "gsm8k") -> list[dict]:
+                    answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS) -> list[dict]:
     """evaluate()'s sampling: one record {"question", "gold", "samples": [n verdicts]} per row, in row order (with
     the row's "subject" and "level", where it has them)."""
     template = template_of(template)
+    flags = completion_flags(template, reflection_markers)
     prompts = [encode_prompt(tokenizer, row["question"], template) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))  # similar lengths per batch: less padding
     per_batch = max(1, batch_size // n)
@@ -109,7 +111,7 @@ def score_questions(model, tokenizer, rows: list[dict], template, n: int, temper
                  "answer": final_answer(template.prefix + samples.texts[s], template, answer_checker),
                  "correct": samples.components["correctness"][s] == 1.0,
                  "format": samples.components["format"][s] == 1.0,
-                 **{name: flag(samples.texts[s], template) for name, flag in COMPLETION_FLAGS.items()},
+                 **{name: flag(samples.texts[s]) for name, flag in flags.items()},
                  "length": len(samples.completions[s]), "truncated": not samples.stopped[s]}
                 for s in range(j * n, (j + 1) * n)]}
     model.train(was_training)
@@ -120,11 +122,12 @@ def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: flo
     """evaluate()'s figures from score_questions() records (train.py gathers them from every rank first)."""
     correct = [sum(s["correct"] for s in r["samples"]) for r in records]
     flat = [s for r in records for s in r["samples"]]
+    flags = [name for name in completion_flags(template=None) if all(name in s for s in flat)]  # the flags' names
     pass1, pass1_stderr = mean_and_stderr([pass_at_k(n, c, 1) for c in correct])
     return {"pass@1": pass1, "pass@1_stderr": pass1_stderr,
             **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(records) for k in ks if 1 < k <= n},
             "format_rate": sum(s["format"] for s in flat) / len(flat),
-            **{key: value for name in COMPLETION_FLAGS for key, value in flag_summary(flat, name).items()},
+            **{key: value for name in flags for key, value in flag_summary(flat, name).items()},
             "response_length": sum(s["length"] for s in flat) / len(flat),
             "truncation_rate": sum(s["truncated"] for s in flat) / len(flat),
             "questions": len(records), "n": n, "temperature": temperature,
@@ -160,7 +163,7 @@ def breakdown_lines(summary: dict) -> list[str]:
 
 
 def flag_summary(flat: list[dict], name: str) -> dict:
-    """For a completion flag (metrics.COMPLETION_FLAGS), e.g. worked: worked_rate, and accuracy_worked and
+    """For a completion flag (metrics.completion_flags), e.g. worked: worked_rate, and accuracy_worked and
     accuracy_unworked, the accuracy of the completions with it and of the others (None if there are none): did the
     worked answers get better, or more frequent?"""
     yes, no = [s for s in flat if s[name]], [s for s in flat if not s[name]]
@@ -185,7 +188,8 @@ def held_out_eval(run, cfg, tracker) -> float:
     with run.sampler.lora_merged():
         records = score_questions(run.sampler, run.tokenizer, mine, run.template, 1, 0.0, cfg.max_new_tokens,
                                   cfg.eval_batch_size, desc=f"eval@{run.step}", progress=rank() == 0,
-                                  cuda_graphs=cfg.cuda_graphs, answer_checker=cfg.answer_checker)
+                                  cuda_graphs=cfg.cuda_graphs, answer_checker=cfg.answer_checker,
+                                  reflection_markers=cfg.reflection_markers)
     records = [record for part in from_every_rank(records) for record in part]
     result = summarize(records, n=1, ks=(1,), temperature=0.0)
     if rank() != 0:
@@ -215,6 +219,8 @@ def main(argv=None):
     parser.add_argument("--answer_checker", default="auto", choices=("auto", *ANSWER_CHECKERS),
                         help="how answers are read and compared; auto: 'math' for MATH-format data, else the "
                         "checkpoint's, else 'gsm8k'")
+    parser.add_argument("--reflection_markers", default="", help="comma-separated re-check phrases for reflect_rate "
+                        "(default: the checkpoint's, or rewards.REFLECTION_MARKERS)")
     parser.add_argument("--gguf_file", default="", help="a GGUF file inside --model (a dir or hub repo) to load")
     parser.add_argument("--limit", type=int, default=0, help="evaluate only the first L questions (0 = all)")
     parser.add_argument("--batch_size", type=int, default=64, help="completions per generate call")
@@ -245,6 +251,8 @@ def main(argv=None):
     max_new_tokens = args.max_new_tokens or run_config.get("max_new_tokens", 512)
     answer_checker = args.answer_checker if args.answer_checker != "auto" else \
         "math" if rows and "level" in rows[0] else run_config.get("answer_checker", "gsm8k")
+    markers = tuple(m.strip() for m in args.reflection_markers.split(",") if m.strip()) if args.reflection_markers \
+        else tuple(run_config.get("reflection_markers", REFLECTION_MARKERS))
     if args.model.endswith(".pt"):  # out/demo/ckpt.pt -> out/demo/ckpt_eval: beside the run it scores
         out_dir = args.out or os.path.splitext(args.model)[0] + "_eval"
     else:
@@ -253,9 +261,9 @@ def main(argv=None):
     summary = evaluate(model, tokenizer, rows, template=template, n=args.n, temperature=temperature, ks=ks,
                        max_new_tokens=max_new_tokens, batch_size=args.batch_size, seed=args.seed, top_p=args.top_p,
                        top_k=args.top_k, out_path=os.path.join(out_dir, "completions.jsonl"),
-                       cuda_graphs=not args.no_cuda_graphs, answer_checker=answer_checker)
+                       cuda_graphs=not args.no_cuda_graphs, answer_checker=answer_checker, reflection_markers=markers)
     summary.update(model=args.model, data=args.data, template=template.name or dataclasses.asdict(template),
-                   answer_checker=answer_checker)
+                   answer_checker=answer_checker, reflection_markers=markers)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(f"pass@1: {summary['pass@1']:.4f} ± {summary['pass@1_stderr']:.4f} (standard error, "
@@ -265,10 +273,10 @@ def main(argv=None):
     for k in ks:
         if k > 1:
             print(f"pass@{k}: {summary[f'pass@{k}']:.4f}")
-    for name in COMPLETION_FLAGS:
+    for name in completion_flags(template=None):  # worked, reflect: metrics.completion_flags says what each means
         accuracy = {kind: "n/a" if summary[f"accuracy_{kind}"] is None else f"{summary[f'accuracy_{kind}']:.3f}"
                     for kind in (name, "un" + name)}
-        print(f"{name} ({COMPLETION_FLAGS[name].__name__}): {summary[f'{name}_rate']:.3f} of the completions; "
+        print(f"{name}_rate: {summary[f'{name}_rate']:.3f} of the completions; "
               f"accuracy {accuracy[name]}, without it {accuracy['un' + name]}")
     print(f"completions: {os.path.join(out_dir, 'completions.jsonl')}; summary: {os.path.join(out_dir, 'summary.json')}")
     return summary

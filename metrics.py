@@ -7,8 +7,8 @@ alike log through it; the progress bar shows cfg.progress_keys of the record.
     def my_metric(samples, cfg):                       # add it to METRICS: its keys join log.jsonl
         return {"answer_chars": statistics.fmean(len(t) for t in samples.texts)}
 
-COMPLETION_FLAGS are yes/no properties of one completion (flag(text, template) -> bool): each is logged as
-<name>_rate per step, and eval.py reports its rate and the accuracy of the completions with and without it.
+completion_flags() holds the yes/no properties of one completion (worked, reflect): each is logged as <name>_rate
+per step, and eval.py reports its rate and the accuracy of the completions with and without it.
 """
 import math
 import statistics
@@ -17,10 +17,16 @@ import torch
 
 from grpo import zero_std_group_fraction
 from reward_models import reward_log_name
-from rewards import shows_work
+from rewards import REFLECTION_MARKERS, reflects, shows_work
 from template import template_of
 
-COMPLETION_FLAGS = {"worked": shows_work}  # worked_rate: an arithmetic claim before the think close tag
+
+def completion_flags(template, reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
+    """{name: flag(text) -> bool} for a template.Template: worked (rewards.shows_work: an arithmetic claim before the
+    think close tag) and reflect (rewards.reflects: a re-check phrase of reflection_markers there). Adding a flag =
+    one entry here; its <name>_rate reaches log.jsonl, eval.jsonl and eval.py's summary."""
+    return {"worked": lambda text: shows_work(text, template),
+            "reflect": lambda text: reflects(text, template, reflection_markers)}
 
 
 def reward_metrics(samples, cfg) -> dict:
@@ -36,11 +42,10 @@ def reward_metrics(samples, cfg) -> dict:
 
 
 def accuracy_metrics(samples, cfg) -> dict:
-    """The share of correct completions, and of each completion flag (COMPLETION_FLAGS) as <name>_rate."""
-    template = template_of(cfg.template)
+    """The share of correct completions, and of each completion flag (completion_flags) as <name>_rate."""
+    flags = completion_flags(template_of(cfg.template), cfg.reflection_markers)
     return {"accuracy": statistics.fmean(samples.components["correctness"]),
-            **{f"{name}_rate": statistics.fmean(flag(text, template) for text in samples.texts)
-               for name, flag in COMPLETION_FLAGS.items()}}
+            **{f"{name}_rate": statistics.fmean(map(flag, samples.texts)) for name, flag in flags.items()}}
 
 
 def length_metrics(samples, cfg) -> dict:

@@ -1,6 +1,7 @@
 """
 Curves of a train.py run against step, as one PNG: training reward and accuracy, held-out pass@1, response length,
-the share of worked answers (rewards.shows_work), KL to the reference and entropy.
+KL to the reference, the shares of worked answers (rewards.shows_work) and of re-checking ones (rewards.reflects,
+reflect_rate) and entropy.
 
     python plot.py out/demo                                        # writes out/demo/curves.png
     python plot.py out/demo_grpo out/demo_rft --out compare.png    # several runs on one figure, a colour each
@@ -47,15 +48,18 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
         points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
         return [s for s, _ in points], [v for _, v in points]
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7), sharex=True)
+    fig, axes = plt.subplots(2, 4, figsize=(20, 7), sharex=True)
     panels = [(axes[0, 0], "train reward", [("log", "accuracy", "correctness"), ("log", "reward", "total")]),
               (axes[0, 1], "held-out pass@1 (greedy)", [("evals", "pass@1", "pass@1")]),
               (axes[0, 2], "response length (tokens)", [("log", "response_length", "mean"),
                                                         ("log", "response_length_max", "max")]),
+              (axes[0, 3], "KL to reference (k3)", [("log", "kl", "kl")]),
               (axes[1, 0], "share of worked answers", [("log", "worked_rate", "sampled"),
                                                        ("evals", "worked_rate", "held-out, greedy")]),
-              (axes[1, 1], "KL to reference (k3)", [("log", "kl", "kl")]),
+              (axes[1, 1], "share re-checking (reflect_rate)", [("log", "reflect_rate", "sampled"),
+                                                                ("evals", "reflect_rate", "held-out, greedy")]),
               (axes[1, 2], "entropy (nats / token)", [("log", "entropy", "entropy")])]
+    axes[1, 3].axis("off")
     several = len(runs) > 1
     for ax, title, lines in panels:
         for colour, (name, log, evals) in enumerate(runs):

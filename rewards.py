@@ -742,6 +742,24 @@ def shows_work(completion: str, template: Template = R1_ZERO) -> bool:
     return bool(arithmetic_claims(completion.partition(template.think[1])[0]))
 
 
+# Phrases that mark a re-check (reflection), after the self-reflection keywords with which Liu et al. 2025
+# ("Understanding R1-Zero-Like Training", arXiv:2503.20783; Oat-Zero) counted reflection in base models' answers,
+# plus "check" (configs/demo_aha.py's re-checks, data.rework_solution); config key reflection_markers
+REFLECTION_MARKERS = ("wait", "check", "recheck", "re-check", "double-check", "double check", "check again",
+                      "verify", "rethink", "reconsider", "re-examine", "reexamine", "re-evaluate", "reevaluate",
+                      "reassess", "think again")
+
+
+def reflects(completion: str, template: Template = R1_ZERO, markers: tuple = REFLECTION_MARKERS) -> bool:
+    """True if the completion's text before the template's think close ("</think>"; all of it, without one) holds
+    one of markers as whole words, in any case: "check 30-4=26", "Wait, 12 is wrong" and "Let me double-check" do,
+    "checked", "checklist" and "awaited" do not; a hyphen joins a word ("re-check" is not "check"). Logged as
+    reflect_rate (metrics.completion_flags)."""
+    text = completion.partition(template.think[1])[0].lower()
+    words = " " + " ".join("".join(c if c.isalnum() or c == "-" else " " for c in text).split()) + " "
+    return any(f" {marker.lower()} " in words for marker in markers)
+
+
 def token_ends(token_ids, decode, char_ends: list[int]) -> list[int]:
     """For each character offset end of the text decode(token_ids), the index of the token that writes its character
     end - 1: the shortest prefix of token_ids whose decoded text is at least end characters long. A prefix decodes

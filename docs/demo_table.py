@@ -26,19 +26,27 @@ BASELINES = {"rft": "demo_rft.py", "sft_answers": "demo_sft_answers.py", "sft_mo
 METHODS = ("grpo", "rft", "sft_answers", "sft_more", "random")
 
 
-def finished(out_dir: str) -> bool:
+def finished(out_dir: str, steps: int) -> bool:
     evals = read(os.path.join(out_dir, "eval.jsonl"))
-    return bool(evals) and evals[-1]["step"] == 60
+    return bool(evals) and evals[-1]["step"] == steps
 
 
-def run(command: list[str], out_dir: str):
-    if finished(out_dir):
+def run(command: list[str], out_dir: str, config: str = "configs/demo.py", steps: int = 60, threads: int = 1):
+    """train.py config *command into out_dir (its output in out_dir.log), unless a finished run is there."""
+    if finished(out_dir, steps):
         return
     with open(out_dir + ".log", "w") as log:
-        code = subprocess.run([sys.executable, "train.py", "configs/demo.py", *command, "--threads=1",
+        code = subprocess.run([sys.executable, "train.py", config, *command, f"--threads={threads}",
                                f"--out_dir={out_dir}", "--overwrite"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     if code:
         raise RuntimeError(f"{' '.join(command)} exited {code}; see {out_dir}.log")
+
+
+def cell(values, scale=1.0, digits=1) -> str:
+    """mean ± standard error (min..max) of values, times scale."""
+    values = [v * scale for v in values]
+    stderr = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.{digits}f} ± {stderr:.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
 
 
 def early_accuracy(out_dir: str) -> float:
@@ -68,10 +76,6 @@ def summary(out: str, seeds: list[int]) -> str:
     """Per method over every (warm start, RL seed): held-out pass@1 at the first and last evaluation and its gain,
     the mean response length and worked share of the first and last 10 steps (sampled methods), mean ± standard
     error over the runs, and min..max."""
-    def cell(values, scale=1.0, digits=1):
-        values = [v * scale for v in values]
-        stderr = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-        return f"{statistics.fmean(values):.{digits}f} ± {stderr:.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
     rows = ["| method | runs | held-out pass@1 at step 0 (%) | at step 60 (%) | gain (points) | response length, first 10 steps -> last 10 | ratio | worked share, first 10 -> last 10 |",
             "|---|---|---|---|---|---|---|---|"]
     per_run = []

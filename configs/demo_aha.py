@@ -1,0 +1,53 @@
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (about 8 minutes on 2 cores).
+#   python train.py configs/demo_aha.py          # the warm start, then 100 GRPO steps; curves in out/demo_aha
+#
+# configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the warm start
+# (data.rework_solution): its quick arithmetic drops the carry or borrow of a line that has one ("17+5=12"), and a
+# re-check by counting finds it ("17+5=12 wait, 12 is wrong: 17+5=18+4=19+3=20+2=21+1=22"). Half of the warm
+# start's questions are asked with "Check each step." and answered with a re-check on every line; of the others,
+# asked as the RL and held-out questions are, about 10% re-check unprompted and the rest keep their slips (and the
+# answer the slips lead to). So after the warm start the model re-checks rarely (reflect_rate about 0.05 on RL
+# questions), and a re-checked answer is right far more often than a quick one: GRPO on the final answer alone then
+# makes re-checking the common behaviour, and held-out pass@1 and the response length rise with it. What it shows
+# beside baselines and controls over several warm starts: docs/experiments.md (python docs/aha_table.py).
+#   python eval.py --model out/demo_aha/ckpt.pt --data out/demo_aha/heldout.jsonl --n 8
+# splits the accuracy of reflective and other completions at T=1 (reflect_rate, accuracy_reflect, accuracy_unreflect).
+model = "scratch"
+model_args = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176, max_seq_len=432,
+                  rope_theta=10000.0)  # a cued question (~170 characters) and a re-checked answer (<= 256)
+tokenizer = "char"
+template = "plain"
+dataset = "synthetic_split"
+synthetic_warm_size = 10000
+synthetic_train_size = 5000
+synthetic_eval_size = 200
+# direct_share 0: every warm solution is worked (demo.py's answer-only rows would make a second behaviour for RL to
+# select); carry_slip 1: every quick line with a carry slips, so a 3-4 line RL problem is mostly wrong unchecked
+synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "any", "max_operand": 5,
+                  "max_start": 20, "restate": True, "direct_share": 0.0, "cue_share": 0.5, "reflect_share": 0.1,
+                  "reflect_error": 0.0, "carry_slip": 1.0}
+eval_size = 200
+
+method = "grpo"
+sft_steps = 4000
+sft_batch_size = 8
+sft_lr = 2e-3
+
+group_size = 8
+prompts_per_step = 8
+max_new_tokens = 256  # a re-checked 4-line answer: about 190 characters
+reward_weights = {"correctness": 1.0, "format": 0.1}
+beta = 0.0
+max_steps = 100
+lr = 3e-4
+warmup_steps = 5
+micro_batch_size = 128
+progress_keys = ("reward", "accuracy", "reflect_rate", "response_length", "loss")
+
+eval_every = 25
+eval_batch_size = 200
+sample_every = 10
+checkpoint_every = 25
+out_dir = "out/demo_aha"
+device = "cpu"
+seed = 1337

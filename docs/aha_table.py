@@ -1,0 +1,150 @@
+"""
+The commands behind docs/experiments.md's tables for configs/demo_aha.py (the aha demo): three warm starts (seeds
+1337, 2, 3: data and initialisation), GRPO with two RL seeds from each, the baselines and controls from the same
+warm starts, and the final models sampled at T=1.
+
+    python docs/aha_table.py                      # runs what out/aha_table lacks (2 jobs at a time), then the tables
+    python docs/aha_table.py --summary            # the tables of the runs already there
+
+Per warm start s: `python train.py configs/demo_aha.py --seed=s` (the warm start, then GRPO with RL seed s); then
+from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, RFT (--method=rft) with RL seeds s and s+1, REINFORCE
+(--adv_baseline=none --adv_scale=none, no baseline) and the random-reward control (--random_reward at GRPO's
+training accuracy over its first 10 steps from that warm start) with RL seed s. And one warm start without any
+re-check (seed 1337, cue_share and reflect_share 0: the same carry slips, no reflection to amplify), then GRPO.
+Each final model is then sampled 8 times per held-out question at T=1 (eval.py --n 8 --k 1,8).
+Every run uses one thread (two run side by side); the demo's result is the same on one or two threads.
+"""
+import argparse
+import json
+import os
+import runpy
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from demo_table import ROOT, cell, early_accuracy, read, run  # noqa: E402  (the other demo's table: shared helpers)
+
+CONFIG, STEPS = "configs/demo_aha.py", 100
+METHODS = {"grpo": [], "rft": ["--method=rft"], "reinforce": ["--adv_baseline=none", "--adv_scale=none"],
+           "random": None, "no_reflection": []}  # random: --random_reward=rate, per warm start
+
+
+def no_reflection_args() -> str:
+    """configs/demo_aha.py's synthetic_args with no re-check in the warm start (the carry slips stay)."""
+    args = runpy.run_path(os.path.join(ROOT, CONFIG))["synthetic_args"]
+    return repr({**args, "cue_share": 0.0, "reflect_share": 0.0})
+
+
+def runs(out: str, seeds: list[int]) -> list[tuple[str, int, int, str]]:
+    """(method, warm seed, RL seed, out_dir) of every run of the tables."""
+    plan = [("grpo", s, s, "") for s in seeds] + [("no_reflection", seeds[0], seeds[0], "")]
+    for s in seeds:
+        plan += [("grpo", s, s + 1, ""), ("rft", s, s, ""), ("rft", s, s + 1, ""), ("reinforce", s, s, ""),
+                 ("random", s, s, "")]
+    return [(m, s, r, os.path.join(out, f"w{s}_{m}_{r}")) for m, s, r, _ in plan]
+
+
+def run_all(out: str, seeds: list[int], jobs: int):
+    os.makedirs(out, exist_ok=True)
+    plan = runs(out, seeds)
+    warm = [(["--seed=%d" % s] + ([f"--synthetic_args={no_reflection_args()}"] if m == "no_reflection" else []), d)
+            for m, s, r, d in plan if s == r and m in ("grpo", "no_reflection")]
+    with ThreadPoolExecutor(jobs) as pool:  # the warm starts, each followed by GRPO with RL seed s
+        list(pool.map(lambda job: run(*job, config=CONFIG, steps=STEPS), warm))
+    work = []
+    for m, s, r, d in plan:
+        if m in ("grpo", "no_reflection") and s == r:
+            continue
+        start = [f"--init_from={os.path.join(out, f'w{s}_grpo_{s}', 'sft.pt')}", f"--data_seed={s}", f"--seed={r}"]
+        extra = [f"--random_reward={round(early_accuracy(os.path.join(out, f'w{s}_grpo_{s}')), 3)}"] \
+            if m == "random" else METHODS[m]
+        work.append((start + extra, d))
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lambda job: run(*job, config=CONFIG, steps=STEPS), work))
+    with ThreadPoolExecutor(jobs) as pool:  # every final model at T=1, 8 samples per held-out question
+        list(pool.map(sample_final, [d for _, _, _, d in plan]))
+
+
+def sample_final(out_dir: str):
+    if os.path.exists(os.path.join(out_dir, "ckpt_eval", "summary.json")):
+        return
+    with open(out_dir + ".eval.log", "w") as log:
+        code = subprocess.run([sys.executable, "eval.py", "--model", os.path.join(out_dir, "ckpt.pt"), "--data",
+                               os.path.join(out_dir, "heldout.jsonl"), "--n", "8", "--k", "1,8", "--device", "cpu"],
+                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+                              ).returncode
+    if code:
+        raise RuntimeError(f"eval.py of {out_dir} exited {code}; see {out_dir}.eval.log")
+
+
+def figures(out_dir: str) -> dict | None:
+    """A run's figures: held-out greedy pass@1 at each evaluation; reflect_rate, entropy and response length over its
+    first and last 10 steps; the length ratio of the aha demo's target (last 10 steps over the steps in (50%, 60%]
+    of the run); and from the T=1 sampling of the final model pass@1, pass@8 and the accuracy of reflective and
+    other completions."""
+    evals, log = read(os.path.join(out_dir, "eval.jsonl")), read(os.path.join(out_dir, "log.jsonl"))
+    if not evals or evals[-1]["step"] != STEPS:
+        return None
+    mean, n = statistics.fmean, log[-1]["step"]
+    middle = [r["response_length"] for r in log if 0.5 * n < r["step"] <= 0.6 * n]
+    out = {"pass@1": [e["pass@1"] for e in evals], "gain": evals[-1]["pass@1"] - evals[0]["pass@1"],
+           **{f"{key}_{part}": mean(r[key] for r in rows) for key in ("reflect_rate", "entropy", "response_length")
+              for part, rows in (("first", log[:10]), ("last", log[-10:]))}}
+    out["length_ratio"] = out["response_length_last"] / mean(middle)
+    path = os.path.join(out_dir, "ckpt_eval", "summary.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            t1 = json.load(f)
+        out.update({f"T1_{key}": t1[key] for key in ("pass@1", "pass@8", "reflect_rate", "accuracy_reflect",
+                                                      "accuracy_unreflect")})
+    return out
+
+
+def summary(out: str, seeds: list[int]) -> str:
+    """Per method: mean ± standard error (min..max) over its runs; then one line per run."""
+    per_run = [(m, s, r, figures(d)) for m, s, r, d in runs(out, seeds)]
+    rows = ["| method | runs | held-out pass@1 (%), first eval -> last | gain (points) | reflect_rate, first 10 "
+            "steps -> last 10 | length, last 10 steps / steps 51-60 | entropy, first 10 -> last 10 | T=1 pass@1 (%) "
+            "| T=1 pass@8 (%) |", "|---|---|---|---|---|---|---|---|---|"]
+    for method in METHODS:
+        done = [f for m, _, _, f in per_run if m == method and f]
+        if not done:
+            continue
+        get = lambda key: [f[key] for f in done]  # noqa: E731
+        t1 = all("T1_pass@1" in f for f in done)
+        rows.append(f"| {method} | {len(done)} | {cell([f['pass@1'][0] for f in done], 100)} -> "
+                    f"{cell([f['pass@1'][-1] for f in done], 100)} | {cell(get('gain'), 100)} | "
+                    f"{cell(get('reflect_rate_first'), digits=3)} -> {cell(get('reflect_rate_last'), digits=3)} | "
+                    f"{cell(get('length_ratio'), digits=2)} | {cell(get('entropy_first'), digits=3)} -> "
+                    f"{cell(get('entropy_last'), digits=3)} | "
+                    + (f"{cell(get('T1_pass@1'), 100)} | {cell(get('T1_pass@8'), 100)} |" if t1 else "| |"))
+
+    def accuracy(value):
+        return "n/a" if value is None else f"{100 * value:.1f}"
+    rows += ["", "| method | warm start | RL seed | held-out pass@1 (%) at each eval | reflect_rate first 10 -> last 10 "
+             "| length ratio | T=1: reflect_rate, accuracy reflective / other (%) |", "|---|---|---|---|---|---|---|"]
+    for m, s, r, f in per_run:
+        if f:
+            rows.append(f"| {m} | {s} | {r} | {', '.join(f'{100 * p:.1f}' for p in f['pass@1'])} | "
+                        f"{f['reflect_rate_first']:.3f} -> {f['reflect_rate_last']:.3f} | {f['length_ratio']:.2f} | "
+                        + (f"{f['T1_reflect_rate']:.3f}, {accuracy(f['T1_accuracy_reflect'])} / "
+                           f"{accuracy(f['T1_accuracy_unreflect'])} |" if "T1_pass@1" in f else " |"))
+    return "\n".join(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(ROOT, "out", "aha_table"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 2, 3], help="warm-start seeds")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    parser.add_argument("--summary", action="store_true", help="only print the tables of the runs already there")
+    args = parser.parse_args()
+    if not args.summary:
+        run_all(args.out, args.seeds, args.jobs)
+    print(summary(args.out, args.seeds))
+
+
+if __name__ == "__main__":
+    main()
