@@ -441,9 +441,11 @@ PLANTED_SLIPS = (-10, -2, -1, 1, 2, 10)  # a planted wrong result is the right o
 
 def count_check(expression: str) -> str:
     """A line's re-check by counting one at a time, each step a true equation: "30-4" -> "30-4=29-3=28-2=27-1=26",
-    "26+3" -> "26+3=27+2=28+1=29". Slower than the line's own "30-4=26", but each step only adds or takes away 1."""
-    op = "+" if "+" in expression else "-"
-    total, amount = map(int, expression.split(op))
+    "26+3" -> "26+3=27+2=28+1=29". Slower than the line's own "30-4=26", but each step only adds or takes away 1.
+    A total below 0 (after an unchecked slip: "-3+4") counts the same way."""
+    op = "+" if "+" in expression[1:] else "-"
+    total, _, amount = expression.rpartition(op)
+    total, amount = int(total), int(amount)
     steps = [expression]
     while amount > 0:
         total, amount = total + (1 if op == "+" else -1), amount - 1
@@ -457,17 +459,18 @@ def carries(total: int, op: str, amount: int) -> bool:
     return total >= 0 and (total % 10 + amount >= 10 if op == "+" else total >= 10 and total % 10 < amount)
 
 
-def rework_solution(row: dict, rng: random.Random, check: bool, error_rate: float = 0.0,
+def rework_solution(row: dict, rng: random.Random, check: float, error_rate: float = 0.0,
                     carry_slip: float = 0.0) -> dict:
     """The row's worked solution written again line by line, for configs/demo_aha.py: each line's quick result
-    drops its carry or borrow with probability carry_slip where it has one (carries: "17+5=12", "23-5=28"), and with
-    check each line ends with a re-check by counting (count_check), which finds a slip and corrects it:
+    drops its carry or borrow with probability carry_slip where it has one (carries: "17+5=12", "23-5=28"), and each
+    line is re-checked by counting (count_check) with probability check (1: every line, 0: none), which finds a slip
+    and corrects it:
         check:      "gives away 4: 30-4=26 check 30-4=29-3=28-2=27-1=26"
         slip found: "buys 5 more: 17+5=12 wait, 12 is wrong: 17+5=18+4=19+3=20+2=21+1=22"
-    With check, error_rate also plants other slips (PLANTED_SLIPS) for the check to find. A checked line ends with its
-    right result and the next line goes on from it, so the answer stays right; without check a slip stands and the
-    next line goes on from the slipped result, so the answer (the row's gold) is what the slips make it, as a solver
-    who never checks would write it. Lines are "clause: total op amount=result" (or without the clause)."""
+    In a checked line error_rate also plants other slips (PLANTED_SLIPS) for the check to find. A checked line ends
+    with its right result and the next line goes on from it; in an unchecked line a slip stands and the next line goes
+    on from the slipped result, so the answer (the row's gold) is what the slips make it, as a solver who does not
+    check would write it. Lines are "clause: total op amount=result" (or without the clause)."""
     lines, total = [], None
     for line in row["solution"].splitlines():
         head, equals, _ = line.rpartition("=")
@@ -478,13 +481,14 @@ def rework_solution(row: dict, rng: random.Random, check: bool, error_rate: floa
         start, amount = map(int, expression.split(op))  # the row's own lines: never below 0
         total = start if total is None else total  # the first line's start; then wherever the last line ended
         expression, right = f"{total}{op}{amount}", total + amount if op == "+" else total - amount
+        checked = check >= 1 or (check > 0 and rng.random() < check)
         first = right
         if carry_slip > 0 and carries(total, op, amount) and rng.random() < carry_slip:
             first = right - 10 if op == "+" else right + 10
-        elif check and error_rate > 0 and rng.random() < error_rate:
+        elif checked and error_rate > 0 and rng.random() < error_rate:
             first = rng.choice([right + d for d in PLANTED_SLIPS if right + d >= 0])
         lead = f"{clause}: {expression}" if clause else expression
-        if not check:
+        if not checked:
             lines.append(f"{lead}={first}")
             total = first
         else:
@@ -536,11 +540,11 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
       direct_share 0 draws no coin. configs/demo_aha.py's re-checks (rework_solution), drawn with a third coin
       (its own stream) per worked solution: about cue_share of them are asked with reflect_cue before the question
       (before, so the question's clauses lie as far from the answer as in an uncued prompt) and answered with a
-      re-check by counting on each line; of the others, asked as usual, about reflect_share re-check too. So the
-      warm start learns to re-check where the question asks for it, and does so only rarely unprompted, as the RL
-      and held-out questions (never cued) are asked. carry_slip: the share of lines with a carry or borrow whose
-      quick result drops it, in every worked solution: a re-check corrects it, an unchecked solution keeps it and
-      ends at the answer it leads to (its gold). reflect_error plants other slips, in re-checked lines only. All
+      re-check by counting on each line; in the others, asked as usual, each line is re-checked with probability
+      reflect_share. So the warm start learns to re-check where the question asks for it, and does so only rarely
+      unprompted, as the RL and held-out questions (never cued) are asked. carry_slip: the share of lines with a
+      carry or borrow whose quick result drops it, in every worked solution: a re-check corrects it, an unchecked
+      line keeps it and the solution ends at the answer it leads to (its gold). reflect_error plants other slips, in re-checked lines only. All
       four 0 draw no coin;
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;
@@ -570,10 +574,9 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
         coin, rows = random.Random(f"{seed}:reflect"), []
         for row in warm:
             if has_worked_solution(row):
-                draw = coin.random()
-                check = draw < cue_share + (1 - cue_share) * reflect_share
-                row = rework_solution(row, coin, check, reflect_error, carry_slip)
-                if draw < cue_share:
+                cued = coin.random() < cue_share
+                row = rework_solution(row, coin, 1.0 if cued else reflect_share, reflect_error, carry_slip)
+                if cued:
                     row = {**row, "question": f"{reflect_cue} {row['question']}"}
             rows.append(row)
         warm = rows

@@ -24,7 +24,7 @@ synthetic_eval_size = 200
 # direct_share 0: every warm solution is worked (demo.py's answer-only rows would make a second behaviour for RL to
 # select); carry_slip 1: every quick line with a carry slips, so a 3-4 line RL problem is mostly wrong unchecked
 synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "any", "max_operand": 5,
-                  "max_start": 20, "restate": True, "direct_share": 0.0, "cue_share": 0.5, "reflect_share": 0.1,
+                  "max_start": 20, "restate": True, "direct_share": 0.0, "cue_share": 0.5, "reflect_share": 0.02,
                   "reflect_error": 0.0, "carry_slip": 1.0}
 eval_size = 200
 

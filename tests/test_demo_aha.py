@@ -22,7 +22,8 @@ ARGS = dict(warm_size=2000, rl_size=300, heldout_size=100, warm_ops=(1, 4), warm
 def test_count_check_counts_one_at_a_time_in_true_steps():
     assert count_check("30-4") == "30-4=29-3=28-2=27-1=26"
     assert count_check("26+3") == "26+3=27+2=28+1=29"
-    assert count_check("7-1") == "7-1=6"
+    assert count_check("7-1") == "7-1=6" and count_check("-3+2") == "-3+2=-2+1=-1"
+    assert count_check("-3-2") == "-3-2=-4-1=-5"
     assert all(correct for _, correct in arithmetic_claims(count_check("19+5")))
 
 
@@ -74,12 +75,16 @@ def test_an_unchecked_solution_keeps_its_carry_slips_and_their_answer():
 def test_cued_warm_problems_recheck_and_the_rest_rarely():
     plain = synthetic_split(7, **ARGS)
     warm, rl, heldout = split = synthetic_split(7, reflect_share=0.1, cue_share=0.5, reflect_error=0.3, **ARGS)
+    assert synthetic_split(7, reflect_share=0.3, cue_share=0.5, carry_slip=1.0, **ARGS)  # checks after a slip below 0
     assert split == synthetic_split(7, reflect_share=0.1, cue_share=0.5, reflect_error=0.3, **ARGS)  # seeded
     assert (rl, heldout) == plain[1:]  # the coins change no RL or held-out row: they are never cued
     cued = [row for row in warm if row["question"].startswith("Check each step. ")]
     others = [row for row in warm if not row["question"].startswith("Check each step. ")]
     assert all(reflects(sft_text(row)) for row in cued) and 0.45 < len(cued) / len(warm) < 0.55
-    assert 0.07 < sum(reflects(sft_text(row)) for row in others) / len(others) < 0.13
+    lines = [line for row in others for line in row["solution"].splitlines() if not line.startswith("####")]
+    assert 0.08 < sum(reflects(line) for line in lines) / len(lines) < 0.12  # each line re-checked at reflect_share
+    assert any(reflects(row["solution"]) and not all(map(reflects, row["solution"].splitlines()[:-1]))
+               for row in others)  # lines are drawn one by one: some solutions re-check only some lines
     assert [row["gold"] for row in warm] == [row["gold"] for row in plain[0]]  # no carry slips: right answers
     assert synthetic_split(7, reflect_share=0.0, cue_share=0.0, **ARGS) == plain  # no coin drawn
     mixed = synthetic_split(7, direct_share=0.5, cue_share=0.5, **ARGS)[0]  # answer-only rows are never cued
