@@ -459,12 +459,11 @@ def carries(total: int, op: str, amount: int) -> bool:
     return total >= 0 and (total % 10 + amount >= 10 if op == "+" else total >= 10 and total % 10 < amount)
 
 
-def rework_solution(row: dict, rng: random.Random, check: float, error_rate: float = 0.0,
+def rework_solution(row: dict, rng: random.Random, check: bool, error_rate: float = 0.0,
                     carry_slip: float = 0.0) -> dict:
     """The row's worked solution written again line by line, for configs/demo_aha.py: each line's quick result
-    drops its carry or borrow with probability carry_slip where it has one (carries: "17+5=12", "23-5=28"), and each
-    line is re-checked by counting (count_check) with probability check (1: every line, 0: none), which finds a slip
-    and corrects it:
+    drops its carry or borrow with probability carry_slip where it has one (carries: "17+5=12", "23-5=28"), and with
+    check every line is re-checked by counting (count_check), which finds a slip and corrects it:
         check:      "gives away 4: 30-4=26 check 30-4=29-3=28-2=27-1=26"
         slip found: "buys 5 more: 17+5=12 wait, 12 is wrong: 17+5=18+4=19+3=20+2=21+1=22"
     In a checked line error_rate also plants other slips (PLANTED_SLIPS) for the check to find. A checked line ends
@@ -481,14 +480,13 @@ def rework_solution(row: dict, rng: random.Random, check: float, error_rate: flo
         start, amount = map(int, expression.split(op))  # the row's own lines: never below 0
         total = start if total is None else total  # the first line's start; then wherever the last line ended
         expression, right = f"{total}{op}{amount}", total + amount if op == "+" else total - amount
-        checked = check >= 1 or (check > 0 and rng.random() < check)
         first = right
         if carry_slip > 0 and carries(total, op, amount) and rng.random() < carry_slip:
             first = right - 10 if op == "+" else right + 10
-        elif checked and error_rate > 0 and rng.random() < error_rate:
+        elif check and error_rate > 0 and rng.random() < error_rate:
             first = rng.choice([right + d for d in PLANTED_SLIPS if right + d >= 0])
         lead = f"{clause}: {expression}" if clause else expression
-        if not checked:
+        if not check:
             lines.append(f"{lead}={first}")
             total = first
         else:
@@ -540,11 +538,11 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
       direct_share 0 draws no coin. configs/demo_aha.py's re-checks (rework_solution), drawn with a third coin
       (its own stream) per worked solution: about cue_share of them are asked with reflect_cue before the question
       (before, so the question's clauses lie as far from the answer as in an uncued prompt) and answered with a
-      re-check by counting on each line; in the others, asked as usual, each line is re-checked with probability
-      reflect_share. So the warm start learns to re-check where the question asks for it, and does so only rarely
+      re-check by counting on each line; of the others, asked as usual, about reflect_share re-check every line too
+      (a coin per solution: a coin per line gave RL nothing to amplify, docs/experiments.md). So the warm start learns to re-check where the question asks for it, and does so only rarely
       unprompted, as the RL and held-out questions (never cued) are asked. carry_slip: the share of lines with a
       carry or borrow whose quick result drops it, in every worked solution: a re-check corrects it, an unchecked
-      line keeps it and the solution ends at the answer it leads to (its gold). reflect_error plants other slips, in re-checked lines only. All
+      solution keeps it and ends at the answer it leads to (its gold). reflect_error plants other slips, in re-checked lines only. All
       four 0 draw no coin;
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;
@@ -574,9 +572,10 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
         coin, rows = random.Random(f"{seed}:reflect"), []
         for row in warm:
             if has_worked_solution(row):
-                cued = coin.random() < cue_share
-                row = rework_solution(row, coin, 1.0 if cued else reflect_share, reflect_error, carry_slip)
-                if cued:
+                draw = coin.random()  # below cue_share: cued and checked; else checked with probability reflect_share
+                row = rework_solution(row, coin, draw < cue_share + (1 - cue_share) * reflect_share, reflect_error,
+                                      carry_slip)
+                if draw < cue_share:
                     row = {**row, "question": f"{reflect_cue} {row['question']}"}
             rows.append(row)
         warm = rows

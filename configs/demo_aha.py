@@ -5,15 +5,15 @@
 # (data.rework_solution): its quick arithmetic drops the carry or borrow of a line that has one ("17+5=12"), and a
 # re-check by counting finds it ("17+5=12 wait, 12 is wrong: 17+5=18+4=19+3=20+2=21+1=22"). Half of the warm
 # start's questions are asked with "Check each step." and answered with a re-check on every line; of the others,
-# asked as the RL and held-out questions are, about 10% re-check unprompted and the rest keep their slips (and the
-# answer the slips lead to). So after the warm start the model re-checks rarely (reflect_rate about 0.05 on RL
+# asked as the RL and held-out questions are, about 5% re-check unprompted and the rest keep their slips (and the
+# answer the slips lead to). So after the warm start the model re-checks rarely (reflect_rate about 0.03 on RL
 # questions), and a re-checked answer is right far more often than a quick one: GRPO on the final answer alone then
 # makes re-checking the common behaviour, and held-out pass@1 and the response length rise with it. What it shows
 # beside baselines and controls over several warm starts: docs/experiments.md (python docs/aha_table.py).
 #   python eval.py --model out/demo_aha/ckpt.pt --data out/demo_aha/heldout.jsonl --n 8
 # splits the accuracy of reflective and other completions at T=1 (reflect_rate, accuracy_reflect, accuracy_unreflect).
 model = "scratch"
-model_args = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176, max_seq_len=432,
+model_args = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176, max_seq_len=416,
                   rope_theta=10000.0)  # a cued question (~170 characters) and a re-checked answer (<= 256)
 tokenizer = "char"
 template = "plain"
@@ -24,7 +24,7 @@ synthetic_eval_size = 200
 # direct_share 0: every warm solution is worked (demo.py's answer-only rows would make a second behaviour for RL to
 # select); carry_slip 1: every quick line with a carry slips, so a 3-4 line RL problem is mostly wrong unchecked
 synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "any", "max_operand": 5,
-                  "max_start": 20, "restate": True, "direct_share": 0.0, "cue_share": 0.5, "reflect_share": 0.02,
+                  "max_start": 20, "restate": True, "direct_share": 0.0, "cue_share": 0.5, "reflect_share": 0.05,
                   "reflect_error": 0.0, "carry_slip": 1.0}
 eval_size = 200
 
