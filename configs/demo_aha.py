@@ -22,8 +22,10 @@ synthetic_warm_size = 10000
 synthetic_train_size = 5000
 synthetic_eval_size = 200
 # direct_share 0: every warm solution is worked (demo.py's answer-only rows would make a second behaviour for RL to
-# select); carry_slip 1: every quick line with a carry slips, so a 3-4 line RL problem is mostly wrong unchecked
-synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "any", "max_operand": 5,
+# select); carry_slip 1: every quick line with a carry slips; rl_mix "one": an RL chain only adds or only takes
+# away, so its slips (-10 for a dropped carry, +10 for a dropped borrow) never cancel and a quick answer to a
+# problem with a carry is always wrong (with "any" they cancelled often enough that re-checking paid too little)
+synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "one", "max_operand": 5,
                   "max_start": 20, "restate": True, "direct_share": 0.0, "cue_share": 0.5, "reflect_share": 0.05,
                   "reflect_error": 0.0, "carry_slip": 1.0}
 eval_size = 200
