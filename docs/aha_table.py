@@ -7,11 +7,11 @@ warm starts, and the final models sampled at T=1.
     python docs/aha_table.py --summary            # the tables of the runs already there
 
 Per warm start s: `python train.py configs/demo_aha.py --seed=s` (the warm start, then GRPO with RL seed s); then
-from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, RFT (--method=rft) with RL seeds s and s+1, REINFORCE
+from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, and with RL seed s RFT (--method=rft), REINFORCE
 (--adv_baseline=none --adv_scale=none, no baseline) and the random-reward control (--random_reward at GRPO's
-training accuracy over its first 10 steps from that warm start) with RL seed s. And one warm start without any
+training accuracy over its first 10 steps from that warm start). And one warm start without any
 re-check (seed 1337, cue_share and reflect_share 0: the same carry slips, no reflection to amplify), then GRPO.
-Each final model is then sampled 8 times per held-out question at T=1 (eval.py --n 8 --k 1,8).
+Each final model and each warm start is then sampled 8 times per held-out question at T=1 (eval.py --n 8 --k 1,8).
 Every run uses one thread (two run side by side); the demo's result is the same on one or two threads.
 """
 import argparse
@@ -21,10 +21,11 @@ import runpy
 import statistics
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_table import ROOT, cell, early_accuracy, read, run  # noqa: E402  (the other demo's table: shared helpers)
+from demo_table import ROOT, cell, early_accuracy, finished, read, run  # noqa: E402  (the other demo's table: shared helpers)
 
 CONFIG, STEPS = "configs/demo_aha.py", 100
 METHODS = {"grpo": [], "rft": ["--method=rft"], "reinforce": ["--adv_baseline=none", "--adv_scale=none"],
@@ -41,42 +42,47 @@ def runs(out: str, seeds: list[int]) -> list[tuple[str, int, int, str]]:
     """(method, warm seed, RL seed, out_dir) of every run of the tables."""
     plan = [("grpo", s, s, "") for s in seeds] + [("no_reflection", seeds[0], seeds[0], "")]
     for s in seeds:
-        plan += [("grpo", s, s + 1, ""), ("rft", s, s, ""), ("rft", s, s + 1, ""), ("reinforce", s, s, ""),
-                 ("random", s, s, "")]
+        plan += [("grpo", s, s + 1, ""), ("rft", s, s, ""), ("reinforce", s, s, ""), ("random", s, s, "")]
     return [(m, s, r, os.path.join(out, f"w{s}_{m}_{r}")) for m, s, r, _ in plan]
 
 
 def run_all(out: str, seeds: list[int], jobs: int):
+    """Every run of the plan, jobs at a time (the warm starts first; a run from a warm start waits for it), then the
+    sampled evaluations."""
     os.makedirs(out, exist_ok=True)
     plan = runs(out, seeds)
-    warm = [(["--seed=%d" % s] + ([f"--synthetic_args={no_reflection_args()}"] if m == "no_reflection" else []), d)
-            for m, s, r, d in plan if s == r and m in ("grpo", "no_reflection")]
-    with ThreadPoolExecutor(jobs) as pool:  # the warm starts, each followed by GRPO with RL seed s
-        list(pool.map(lambda job: run(*job, config=CONFIG, steps=STEPS), warm))
-    work = []
-    for m, s, r, d in plan:
-        if m in ("grpo", "no_reflection") and s == r:
-            continue
-        start = [f"--init_from={os.path.join(out, f'w{s}_grpo_{s}', 'sft.pt')}", f"--data_seed={s}", f"--seed={r}"]
-        extra = [f"--random_reward={round(early_accuracy(os.path.join(out, f'w{s}_grpo_{s}')), 3)}"] \
-            if m == "random" else METHODS[m]
-        work.append((start + extra, d))
+
+    def job(method, s, r, out_dir):
+        if s == r and method in ("grpo", "no_reflection"):  # a warm start, then GRPO with RL seed s
+            extra = [f"--synthetic_args={no_reflection_args()}"] if method == "no_reflection" else []
+            return run([f"--seed={s}"] + extra, out_dir, config=CONFIG, steps=STEPS)
+        warm = os.path.join(out, f"w{s}_grpo_{s}")
+        while not finished(warm, STEPS):  # its warm start (and the GRPO run the random control's rate comes from)
+            time.sleep(10)
+        start = [f"--init_from={os.path.join(warm, 'sft.pt')}", f"--data_seed={s}", f"--seed={r}"]
+        extra = [f"--random_reward={round(early_accuracy(warm), 3)}"] if method == "random" else METHODS[method]
+        run(start + extra, out_dir, config=CONFIG, steps=STEPS)
+    first = [p for p in plan if p[1] == p[2] and p[0] in ("grpo", "no_reflection")]
     with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(lambda job: run(*job, config=CONFIG, steps=STEPS), work))
+        list(pool.map(lambda p: job(*p), first + [p for p in plan if p not in first]))
+    models = [os.path.join(d, "ckpt.pt") for _, _, _, d in plan] + [  # and the warm starts
+        os.path.join(d, "sft.pt") for m, s, r, d in first]
     with ThreadPoolExecutor(jobs) as pool:  # every final model at T=1, 8 samples per held-out question
-        list(pool.map(sample_final, [d for _, _, _, d in plan]))
+        list(pool.map(sample_final, models))
 
 
-def sample_final(out_dir: str):
-    if os.path.exists(os.path.join(out_dir, "ckpt_eval", "summary.json")):
+def sample_final(model: str):
+    """eval.py at T=1, 8 samples per held-out question, of a run's ckpt.pt or sft.pt (into ckpt_eval/ or sft_eval/)."""
+    out_dir = os.path.dirname(model)
+    if os.path.exists(os.path.splitext(model)[0] + "_eval/summary.json"):
         return
-    with open(out_dir + ".eval.log", "w") as log:
-        code = subprocess.run([sys.executable, "eval.py", "--model", os.path.join(out_dir, "ckpt.pt"), "--data",
+    with open(os.path.splitext(model)[0] + "_eval.log", "w") as log:
+        code = subprocess.run([sys.executable, "eval.py", "--model", model, "--data",
                                os.path.join(out_dir, "heldout.jsonl"), "--n", "8", "--k", "1,8", "--device", "cpu"],
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
                               ).returncode
     if code:
-        raise RuntimeError(f"eval.py of {out_dir} exited {code}; see {out_dir}.eval.log")
+        raise RuntimeError(f"eval.py of {model} exited {code}; see {os.path.splitext(model)[0]}_eval.log")
 
 
 def figures(out_dir: str) -> dict | None:
@@ -90,15 +96,17 @@ def figures(out_dir: str) -> dict | None:
     mean, n = statistics.fmean, log[-1]["step"]
     middle = [r["response_length"] for r in log if 0.5 * n < r["step"] <= 0.6 * n]
     out = {"pass@1": [e["pass@1"] for e in evals], "gain": evals[-1]["pass@1"] - evals[0]["pass@1"],
-           **{f"{key}_{part}": mean(r[key] for r in rows) for key in ("reflect_rate", "entropy", "response_length")
+           **{f"{key}_{part}": mean(r[key] for r in rows) if all(r.get(key) is not None for r in rows) else None
+              for key in ("reflect_rate", "entropy", "response_length")  # RFT's supervised update logs no entropy
               for part, rows in (("first", log[:10]), ("last", log[-10:]))}}
     out["length_ratio"] = out["response_length_last"] / mean(middle)
-    path = os.path.join(out_dir, "ckpt_eval", "summary.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            t1 = json.load(f)
-        out.update({f"T1_{key}": t1[key] for key in ("pass@1", "pass@8", "reflect_rate", "accuracy_reflect",
-                                                      "accuracy_unreflect")})
+    for name, prefix in (("ckpt", "T1_"), ("sft", "warm_T1_")):
+        path = os.path.join(out_dir, f"{name}_eval", "summary.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                t1 = json.load(f)
+            out.update({prefix + key: t1[key] for key in ("pass@1", "pass@8", "reflect_rate", "accuracy_reflect",
+                                                           "accuracy_unreflect", "response_length")})
     return out
 
 
@@ -117,8 +125,9 @@ def summary(out: str, seeds: list[int]) -> str:
         rows.append(f"| {method} | {len(done)} | {cell([f['pass@1'][0] for f in done], 100)} -> "
                     f"{cell([f['pass@1'][-1] for f in done], 100)} | {cell(get('gain'), 100)} | "
                     f"{cell(get('reflect_rate_first'), digits=3)} -> {cell(get('reflect_rate_last'), digits=3)} | "
-                    f"{cell(get('length_ratio'), digits=2)} | {cell(get('entropy_first'), digits=3)} -> "
-                    f"{cell(get('entropy_last'), digits=3)} | "
+                    f"{cell(get('length_ratio'), digits=2)} | "
+                    + (f"{cell(get('entropy_first'), digits=3)} -> {cell(get('entropy_last'), digits=3)} | "
+                       if None not in get('entropy_first') else "not logged | ")
                     + (f"{cell(get('T1_pass@1'), 100)} | {cell(get('T1_pass@8'), 100)} |" if t1 else "| |"))
 
     def accuracy(value):
@@ -131,6 +140,15 @@ def summary(out: str, seeds: list[int]) -> str:
                         f"{f['reflect_rate_first']:.3f} -> {f['reflect_rate_last']:.3f} | {f['length_ratio']:.2f} | "
                         + (f"{f['T1_reflect_rate']:.3f}, {accuracy(f['T1_accuracy_reflect'])} / "
                            f"{accuracy(f['T1_accuracy_unreflect'])} |" if "T1_pass@1" in f else " |"))
+    rows += ["", "| warm start | model | T=1 pass@1 (%) | pass@8 (%) | reflect_rate | accuracy reflective / other (%) "
+             "| length |", "|---|---|---|---|---|---|---|"]
+    for m, s, r, f in per_run:
+        for prefix, model in (("warm_T1_", "warm start (sft.pt)"), ("T1_", m)):
+            if f and prefix + "pass@1" in f and (prefix == "T1_" or s == r):
+                rows.append(f"| {s} | {model}{'' if prefix != 'T1_' else f' (RL seed {r})'} | "
+                            f"{100 * f[prefix + 'pass@1']:.1f} | {100 * f[prefix + 'pass@8']:.1f} | "
+                            f"{f[prefix + 'reflect_rate']:.3f} | {accuracy(f[prefix + 'accuracy_reflect'])} / "
+                            f"{accuracy(f[prefix + 'accuracy_unreflect'])} | {f[prefix + 'response_length']:.0f} |")
     return "\n".join(rows)
 
 
