@@ -538,12 +538,13 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
       direct_share 0 draws no coin. configs/demo_aha.py's re-checks (rework_solution), drawn with a third coin
       (its own stream) per worked solution: about cue_share of them are asked with reflect_cue before the question
       (before, so the question's clauses lie as far from the answer as in an uncued prompt) and answered with a
-      re-check by counting on each line; of the others, asked as usual, about reflect_share re-check every line too
-      (a coin per solution: a coin per line gave RL nothing to amplify, docs/experiments.md). So the warm start learns to re-check where the question asks for it, and does so only rarely
-      unprompted, as the RL and held-out questions (never cued) are asked. carry_slip: the share of lines with a
-      carry or borrow whose quick result drops it, in every worked solution: a re-check corrects it, an unchecked
-      solution keeps it and ends at the answer it leads to (its gold). reflect_error plants other slips, in re-checked lines only. All
-      four 0 draw no coin;
+      re-check by counting on each line; of the others, asked as usual, about reflect_share re-check every line
+      too (a coin per solution: a coin per line gave RL nothing to amplify, docs/experiments.md). So the warm start
+      learns to re-check where the question asks for it, and does so only rarely unprompted, as the RL and
+      held-out questions (never cued) are asked. carry_slip: the share of lines with a carry or borrow whose quick
+      result drops it, in every worked solution: a re-check corrects it, an unchecked solution keeps it and ends at
+      the answer it leads to (its gold). reflect_error plants other slips, in re-checked lines only. All four 0
+      draw no coin;
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;
     - heldout: heldout_size problems of the RL family, answer only, strictly novel: no chain occurs in warm or rl."""

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_table import ROOT, cell, early_accuracy, finished, read, run  # noqa: E402  (the other demo's table: shared helpers)
+from demo_table import ROOT, cell, early_accuracy, finished, read, run  # noqa: E402  (shared with demo_table)
 
 CONFIG, STEPS = "configs/demo_aha.py", 100
 METHODS = {"grpo": [], "rft": ["--method=rft"], "reinforce": ["--adv_baseline=none", "--adv_scale=none"],
@@ -143,7 +143,8 @@ def summary(out: str, seeds: list[int]) -> str:
     rows += ["", "| warm start | model | T=1 pass@1 (%) | pass@8 (%) | reflect_rate | accuracy reflective / other (%) "
              "| length |", "|---|---|---|---|---|---|---|"]
     for m, s, r, f in per_run:
-        for prefix, model in (("warm_T1_", "warm start (sft.pt)"), ("T1_", m)):
+        warm = "warm start (sft.pt)" if m == "grpo" else f"its warm start, {m} (sft.pt)"
+        for prefix, model in (("warm_T1_", warm), ("T1_", m)):
             if f and prefix + "pass@1" in f and (prefix == "T1_" or s == r):
                 rows.append(f"| {s} | {model}{'' if prefix != 'T1_' else f' (RL seed {r})'} | "
                             f"{100 * f[prefix + 'pass@1']:.1f} | {100 * f[prefix + 'pass@8']:.1f} | "
