@@ -14,7 +14,6 @@ re-check (seed 1337, cue_share and reflect_share 0: the same carry slips, no ref
 Each final model and each warm start is then sampled 8 times per held-out question at T=1 (eval.py --n 8 --k 1,8).
 Every run uses one thread (two run side by side); the demo's result is the same on one or two threads.
 """
-import argparse
 import json
 import os
 import runpy
@@ -25,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_table import ROOT, cell, early_accuracy, finished, read, run  # noqa: E402  (shared with demo_table)
+from demo_table import ROOT, cell, early_accuracy, finished, read, run, table_main  # noqa: E402  (shared)
 
 CONFIG, STEPS = "configs/demo_aha.py", 100
 METHODS = {"grpo": [], "rft": ["--method=rft"], "reinforce": ["--adv_baseline=none", "--adv_scale=none"],
@@ -39,11 +38,16 @@ def no_reflection_args() -> str:
 
 
 def runs(out: str, seeds: list[int]) -> list[tuple[str, int, int, str]]:
-    """(method, warm seed, RL seed, out_dir) of every run of the tables."""
-    plan = [("grpo", s, s, "") for s in seeds] + [("no_reflection", seeds[0], seeds[0], "")]
+    """(method, warm seed, RL seed, out_dir) of every run of the tables, those that train a warm start first."""
+    plan = [("grpo", s, s) for s in seeds] + [("no_reflection", seeds[0], seeds[0])]
     for s in seeds:
-        plan += [("grpo", s, s + 1, ""), ("rft", s, s, ""), ("reinforce", s, s, ""), ("random", s, s, "")]
-    return [(m, s, r, os.path.join(out, f"w{s}_{m}_{r}")) for m, s, r, _ in plan]
+        plan += [("grpo", s, s + 1), ("rft", s, s), ("reinforce", s, s), ("random", s, s)]
+    return [(m, s, r, os.path.join(out, f"w{s}_{m}_{r}")) for m, s, r in plan]
+
+
+def trains_warm_start(method: str, s: int, r: int) -> bool:
+    """True for the runs that train their own warm start (then GRPO with RL seed s); the others start from one."""
+    return s == r and method in ("grpo", "no_reflection")
 
 
 def run_all(out: str, seeds: list[int], jobs: int):
@@ -53,7 +57,7 @@ def run_all(out: str, seeds: list[int], jobs: int):
     plan = runs(out, seeds)
 
     def job(method, s, r, out_dir):
-        if s == r and method in ("grpo", "no_reflection"):  # a warm start, then GRPO with RL seed s
+        if trains_warm_start(method, s, r):
             extra = [f"--synthetic_args={no_reflection_args()}"] if method == "no_reflection" else []
             return run([f"--seed={s}"] + extra, out_dir, config=CONFIG, steps=STEPS)
         warm = os.path.join(out, f"w{s}_grpo_{s}")
@@ -62,27 +66,26 @@ def run_all(out: str, seeds: list[int], jobs: int):
         start = [f"--init_from={os.path.join(warm, 'sft.pt')}", f"--data_seed={s}", f"--seed={r}"]
         extra = [f"--random_reward={round(early_accuracy(warm), 3)}"] if method == "random" else METHODS[method]
         run(start + extra, out_dir, config=CONFIG, steps=STEPS)
-    first = [p for p in plan if p[1] == p[2] and p[0] in ("grpo", "no_reflection")]
-    with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(lambda p: job(*p), first + [p for p in plan if p not in first]))
+    with ThreadPoolExecutor(jobs) as pool:  # runs() lists the warm starts first
+        list(pool.map(lambda p: job(*p), plan))
     models = [os.path.join(d, "ckpt.pt") for _, _, _, d in plan] + [  # and the warm starts
-        os.path.join(d, "sft.pt") for m, s, r, d in first]
+        os.path.join(d, "sft.pt") for m, s, r, d in plan if trains_warm_start(m, s, r)]
     with ThreadPoolExecutor(jobs) as pool:  # every final model at T=1, 8 samples per held-out question
         list(pool.map(sample_final, models))
 
 
 def sample_final(model: str):
     """eval.py at T=1, 8 samples per held-out question, of a run's ckpt.pt or sft.pt (into ckpt_eval/ or sft_eval/)."""
-    out_dir = os.path.dirname(model)
-    if os.path.exists(os.path.splitext(model)[0] + "_eval/summary.json"):
+    out_dir, eval_dir = os.path.dirname(model), os.path.splitext(model)[0] + "_eval"  # eval.py's own output dir
+    if os.path.exists(os.path.join(eval_dir, "summary.json")):
         return
-    with open(os.path.splitext(model)[0] + "_eval.log", "w") as log:
+    with open(eval_dir + ".log", "w") as log:
         code = subprocess.run([sys.executable, "eval.py", "--model", model, "--data",
                                os.path.join(out_dir, "heldout.jsonl"), "--n", "8", "--k", "1,8", "--device", "cpu"],
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
                               ).returncode
     if code:
-        raise RuntimeError(f"eval.py of {model} exited {code}; see {os.path.splitext(model)[0]}_eval.log")
+        raise RuntimeError(f"eval.py of {model} exited {code}; see {eval_dir}.log")
 
 
 def figures(out_dir: str) -> dict | None:
@@ -153,17 +156,5 @@ def summary(out: str, seeds: list[int]) -> str:
     return "\n".join(rows)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(ROOT, "out", "aha_table"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 2, 3], help="warm-start seeds")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
-    parser.add_argument("--summary", action="store_true", help="only print the tables of the runs already there")
-    args = parser.parse_args()
-    if not args.summary:
-        run_all(args.out, args.seeds, args.jobs)
-    print(summary(args.out, args.seeds))
-
-
 if __name__ == "__main__":
-    main()
+    table_main(__doc__, "aha_table", run_all, summary)

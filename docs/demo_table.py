@@ -31,12 +31,13 @@ def finished(out_dir: str, steps: int) -> bool:
     return bool(evals) and evals[-1]["step"] == steps
 
 
-def run(command: list[str], out_dir: str, config: str = "configs/demo.py", steps: int = 60, threads: int = 1):
-    """train.py config *command into out_dir (its output in out_dir.log), unless a finished run is there."""
+def run(command: list[str], out_dir: str, config: str = "configs/demo.py", steps: int = 60):
+    """train.py config *command into out_dir on one thread (its output in out_dir.log), unless a finished run of
+    `steps` steps is there."""
     if finished(out_dir, steps):
         return
     with open(out_dir + ".log", "w") as log:
-        code = subprocess.run([sys.executable, "train.py", config, *command, f"--threads={threads}",
+        code = subprocess.run([sys.executable, "train.py", config, *command, "--threads=1",
                                f"--out_dir={out_dir}", "--overwrite"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     if code:
         raise RuntimeError(f"{' '.join(command)} exited {code}; see {out_dir}.log")
@@ -112,12 +113,13 @@ def summary(out: str, seeds: list[int]) -> str:
     return "\n".join(rows + runs)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(ROOT, "out", "demo_table"))
+def table_main(doc: str, out_name: str, run_all, summary):
+    """A table script's command line: run_all(out, seeds, jobs) unless --summary, then print summary(out, seeds)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(ROOT, "out", out_name))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 2, 3], help="warm-start seeds")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
-    parser.add_argument("--summary", action="store_true", help="only print the table of the runs already there")
+    parser.add_argument("--summary", action="store_true", help="only print the tables of the runs already there")
     args = parser.parse_args()
     if not args.summary:
         run_all(args.out, args.seeds, args.jobs)
@@ -125,4 +127,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    table_main(__doc__, "demo_table", run_all, summary)
