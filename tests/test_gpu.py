@@ -48,3 +48,14 @@ def test_a_grpo_step_on_cuda_logs_a_small_sampler_trainer_gap(tmp_path):
     with open(tmp_path / "log.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert summary["step"] == 2 and all(r["logprob_gap_max"] < 1.0 and r["memory_gb"] > 0 for r in records)
+
+
+def test_the_bench_profile_counts_the_kernels_of_one_decode_step():
+    """bench.py's profile on CUDA: the decode table shows device time and each decode step launches kernels (a tiny
+    model's: dozens, not zero and not thousands); the step's table has its update."""
+    import bench
+    _, ours = bench.hf_twin(bench.SHAPES["tiny"], torch.device("cuda"), torch.bfloat16)
+    profile = bench.bench_profile(ours, bench.WORKLOADS["tiny"], torch.device("cuda"), torch.bfloat16, beta=0.04,
+                                  micro_batch_size=16)
+    assert 10 < profile["device_events_per_decode_step"] < 2000, profile["device_events_per_decode_step"]
+    assert "Self CUDA" in profile["decode_table"] and "Optimizer.step#AdamW.step" in profile["step_table"]
