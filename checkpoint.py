@@ -1,6 +1,6 @@
 """
 What a run keeps on disk and reads back: ckpt.pt written atomically, reading a checkpoint, init_from, and loading a
-model with its tokenizer (train.py and eval.py alike); out_dir's own rules are in outdir.py.
+model with its tokenizer (train.py and eval.py alike); out_dir's own rules are in run_management.py.
 
 ckpt.pt holds everything --resume needs: model, optimizer, reference, step, question order, config; sft.pt the
 weights right after the warm start. Both are dicts of tensors and plain values, read with weights_only=True.
@@ -13,10 +13,9 @@ import shutil
 
 import torch
 
-from config import saved_config
-from data import load_tokenizer
 from distributed import gathered_to_rank0, rank, shard_optimizer_state
 from model import ModelConfig, Transformer
+from template import load_tokenizer
 
 
 def fingerprint(rows: list[dict]) -> str:
@@ -183,7 +182,7 @@ def load_model(name: str, dtype=torch.float32, tokenizer: str = "", gguf_file: s
     models): it supplies eval defaults. The model is on the CPU, in dtype."""
     if name.endswith(".pt"):
         state = read_checkpoint(name)
-        run_config = saved_config(state["config"])
+        run_config = state["config"]
         return (model_from_checkpoint(state).to(dtype=dtype),
                 tokenizer_of(run_config["model"], tokenizer or run_config["tokenizer"], run_config["gguf_file"]),
                 run_config)

@@ -5,30 +5,28 @@ The training config: one typed dataclass, every value checked when it loads, bef
 
 A config file is plain Python assigning some of TrainConfig's fields (nanoGPT style); several files load in
 order, each overriding the last. On the command line a value is a Python literal, or plain text for a str key,
-and a bare --flag sets a bool key. A key that was renamed still loads under its old name, with a message.
+and a bare --flag sets a bool key. An unknown key is refused, naming the closest known one. Each concept checks its
+own keys (grpo, rewards, data, model and template: a check_settings or check each); validate() runs them and the
+checks that span several concepts.
 """
 import ast
 import dataclasses
 import difflib
 import importlib.util
-import inspect
 import math
 import os
 import runpy
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
 
-import torch
-
-from data import synthetic_problems, synthetic_split
+import data
+import grpo
+import model
+import rewards
 from distributed import world_size
-from grpo import LossSettings, check_settings, group_advantages
-from model import LORA_TARGETS, ModelConfig, resolve_device
-from refusal import refusals
-from reward_models import check_reward_names
-from rewards import ANSWER_CHECKERS, REFLECTION_MARKERS
+from grpo import LossSettings
+from rewards import REFLECTION_MARKERS
 from template import template_dict, template_of
 
 
@@ -74,7 +72,7 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
     # {reward: weight}, the total is the weighted sum; a reward is "correctness", "format", "FILE.py:FUNCTION",
     # "model:NAME[:LABEL]" (a reward model) or "judge:NAME" (an LLM judge): see reward_models.py
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0, "format": 0.1})
-    # how correctness reads and compares answers (rewards.ANSWER_CHECKERS): "gsm8k" (numbers: rewards.is_equiv) or
+    # how correctness reads and compares answers (answers.ANSWER_CHECKERS): "gsm8k" (numbers: answers.is_equiv) or
     # "math" (LaTeX: math_answers.is_equiv_math, answers in the answer tag, \boxed{} or "the answer is");
     # "auto" = "math" for dataset="math", else "gsm8k"
     answer_checker: str = "auto"
@@ -155,7 +153,6 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
 
 METHODS = ("grpo", "rft", "sft_answers", "sft_more")
 SUPERVISIONS = ("outcome", "process", "both")
-DATASETS = ("gsm8k", "jsonl", "synthetic", "synthetic_split", "math")
 GSM8K_DIR = TrainConfig.data_dir  # data_dir's default, GSM8K's
 MATH_DIRS = ("data/math", "data/math500")  # dataset="math": training (downloaded on first use), held out (shipped)
 # keys a resumed run may change: they do not change what is computed, only how often or in what pieces
@@ -164,20 +161,6 @@ RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "chec
              "micro_batch_size", "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume",
              "overwrite", "out_dir", "wandb_project", "tensorboard", "cuda_graphs", "progress_keys",
              "reflection_markers")
-RENAMED_KEYS = {"algorithm": "method"}  # old name -> new name: old configs and checkpoints still load
-RENAMED_VALUES = {("dataset", "demo"): "synthetic_split"}
-
-
-def renamed(key: str, value, source: str = "") -> tuple[str, object]:
-    """(key, value) under today's names; with a source (a file, "command line"), a message says what changed."""
-    new_key = RENAMED_KEYS.get(key, key)
-    new_value = RENAMED_VALUES.get((new_key, value), value) if isinstance(value, str) else value
-    if source and (new_key, new_value) != (key, value):
-        print(f"config ({source}): {key}={value!r} is now {new_key}={new_value!r}; loading it as such",
-              file=sys.stderr)
-    return new_key, new_value
-
-
 def checked_type(key: str, value, hint):
     """value if it has the field's type (an int is a float, a list a tuple), else a ValueError naming the key."""
     kinds = typing.get_args(hint) or (hint,)
@@ -203,12 +186,15 @@ def dataset_defaults(cfg: TrainConfig):
 
 
 def validate(cfg: TrainConfig):
-    """Every setting checked before any work: a bad one stops the run here, not after the warm start."""
+    """Every setting checked before any work: a bad one stops the run here, not after the warm start. Each concept
+    checks its own keys (grpo.check_settings, rewards.check_settings, data.check_settings, model.check_settings,
+    template.Template.check); the checks here are ranges and what spans several concepts."""
     def need(ok: bool, message: str):
         if not ok:
             raise ValueError(f"config: {message}")
     for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size", "logprob_chunk",
-                "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size"):
+                "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size",
+                "max_num_gen_batches"):
         need(getattr(cfg, key) >= 1, f"{key} must be >= 1, got {getattr(cfg, key)}")
     for key in ("max_steps", "warmup_steps", "sft_steps", "synthetic_warm_size", "eval_every", "eval_size",
                 "sample_every", "checkpoint_every", "sft_checkpoint_every", "ref_reset_every", "weight_decay",
@@ -220,43 +206,23 @@ def validate(cfg: TrainConfig):
     need(len(cfg.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.adam_betas),
          f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
     need(cfg.eval_size >= 1 or cfg.eval_every == 0, "eval_size=0 with eval_every > 0: nothing to evaluate")
-    need(cfg.dataset in DATASETS, f"dataset must be one of {DATASETS}, got {cfg.dataset!r}")
-    need(cfg.answer_checker in ANSWER_CHECKERS, f"answer_checker must be 'auto' or one of {tuple(ANSWER_CHECKERS)}, "
-                                                f"got {cfg.answer_checker!r}")
-    need(bool(cfg.math_levels) and all(level in (1, 2, 3, 4, 5) for level in cfg.math_levels),
-         f"math_levels must be MATH levels, some of 1 to 5, got {cfg.math_levels}")
     need(cfg.method in METHODS, f"method must be one of {METHODS}, got {cfg.method!r}")
-    need(cfg.model != "scratch" or cfg.tokenizer != "", "model='scratch' needs a tokenizer, e.g. tokenizer='char'")
-    need(not cfg.model_args or cfg.model == "scratch", "model_args only apply to model='scratch'")
+    need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
+    need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
-    need(cfg.lora_rank >= 0, f"lora_rank must be >= 0 (0 = no LoRA), got {cfg.lora_rank}")
     need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0, "ref_reset_every with LoRA is not supported: the reference "
                                                          "is the base model with the adapters off")
-    need(cfg.lora_rank == 0 or (set(cfg.lora_targets) <= set(LORA_TARGETS) and cfg.lora_targets),
-         f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {cfg.lora_targets}")
-    need(cfg.lora_alpha > 0 and 0 <= cfg.lora_dropout < 1, f"need lora_alpha > 0 and 0 <= lora_dropout < 1, got "
-                                                           f"{cfg.lora_alpha} and {cfg.lora_dropout}")
     need(cfg.sharding in ("ddp", "fsdp"), f"sharding must be 'ddp' or 'fsdp', got {cfg.sharding!r}")
     need(cfg.prompts_per_step % world_size() == 0,
          f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} ranks (each rank "
          f"samples whole groups): make prompts_per_step a multiple of {world_size()}, or run a number of processes "
          f"that divides {cfg.prompts_per_step}")
-    need(cfg.out_dir.strip() != "", "out_dir is empty: name the run's directory, e.g. out/NAME")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    need(set(cfg.model_args) <= known, f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
-                                       f"ModelConfig has {sorted(known)}")
-    if cfg.dataset in ("synthetic", "synthetic_split"):  # another dataset does not read synthetic_args
-        maker = synthetic_split if cfg.dataset == "synthetic_split" else synthetic_problems
-        known = set(inspect.signature(maker).parameters) - {"n", "seed", "warm_size", "rl_size", "heldout_size"}
-        need(set(cfg.synthetic_args) <= known, f"synthetic_args has unknown key(s) {sorted(set(cfg.synthetic_args) - known)}"
-                                               f"; data.{maker.__name__} takes {sorted(known)}")
     need(cfg.method == "grpo" or world_size() == 1,
          f"method={cfg.method!r} runs in one process only (its steps do not split over ranks); run it without "
          f"torchrun (WORLD_SIZE={world_size()})")
+    need(cfg.out_dir.strip() != "", "out_dir is empty: name the run's directory, e.g. out/NAME")
     need(not cfg.init_from or cfg.resume or os.path.isfile(cfg.init_from),
          f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_warm/sft.pt)")
-    need(all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()),
-         f"reward_weights must be finite numbers, got {cfg.reward_weights}")
     for wanted, package in ((cfg.wandb_project, "wandb"), (cfg.tensorboard, "tensorboard")):
         need(not wanted or installed(package),
              f"{'wandb_project' if package == 'wandb' else 'tensorboard'} asks for {package}, which is not installed: "
@@ -265,41 +231,22 @@ def validate(cfg: TrainConfig):
     need(not cfg.random_reward or (cfg.method == "grpo" and cfg.reward_weights.get("correctness", 0) > 0),
          f"random_reward replaces the correctness reward of GRPO's samples, so it needs method='grpo' and a "
          f"correctness weight in reward_weights; got method={cfg.method!r}, reward_weights={cfg.reward_weights}")
-    need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
     need(cfg.overlong_buffer_len < cfg.max_new_tokens, f"overlong_buffer_len={cfg.overlong_buffer_len} must be below "
                                                        f"max_new_tokens={cfg.max_new_tokens}: the penalty starts that "
                                                        "many tokens before the limit")
     need(0 <= cfg.overlong_penalty_factor < math.inf, f"overlong_penalty_factor must be a finite number >= 0, got "
                                                       f"{cfg.overlong_penalty_factor}")
-    need(cfg.max_num_gen_batches >= 1, f"max_num_gen_batches must be >= 1, got {cfg.max_num_gen_batches}")
     need(not cfg.dynamic_sampling or (cfg.method == "grpo" and cfg.supervision == "outcome"),
          f"dynamic_sampling drops groups whose outcome rewards are all equal, which carry no outcome advantage: it "
          f"needs method='grpo' and supervision='outcome', got {cfg.method!r} and {cfg.supervision!r}")
     need(all(isinstance(key, str) for key in cfg.progress_keys), f"progress_keys must be log keys (strings), got "
                                                                  f"{cfg.progress_keys}")
-    need(isinstance(cfg.reflection_markers, (tuple, list)) and len(cfg.reflection_markers) > 0 and all(
-        isinstance(m, str) and m.strip() == m and m and "  " not in m and all(c.isalnum() or c in "- " for c in m)
-        for m in cfg.reflection_markers), f"reflection_markers must be words or phrases (letters, digits, hyphens and "
-        f"single spaces: rewards.reflects matches whole words), got {cfg.reflection_markers}")
-    need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
-    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # the penalty lives in the outcome advantages
-        need(cfg.supervision != "process", "kl_estimator='k1_reward' puts the KL in the outcome rewards, which "
-             "supervision='process' does not use: the run would have no KL penalty; use 'both', or k3_is in the loss")
-        need(cfg.adv_scale == "none", "kl_estimator='k1_reward' with adv_scale='std': in a group whose rewards are all "
-             "equal (all right or all wrong) the std scaling divides beta back out and the KL alone gets unit-sized "
-             "advantages; set adv_scale='none' (Dr. GRPO), or keep std with a loss-side estimator (k3_is)")
-    try:  # grpo.py, template.py, data.py and reward_models.py own the allowed values
-        check_reward_names(cfg.reward_weights)
-        check_settings(cfg)  # the loss's knobs
-        template_of(cfg.template).check(cfg.answer_checker)  # the rewards can read completions in its tags
-        if cfg.model == "scratch":
-            ModelConfig(**{"vocab_size": 1, **cfg.model_args})  # its sizes (vocab_size: the tokenizer's)
-        if cfg.dataset == "synthetic":  # one problem (of each set): the generator checks its arguments
-            synthetic_problems(1, 0, **cfg.synthetic_args)
-        elif cfg.dataset == "synthetic_split":
-            synthetic_split(0, 1, 1, 1, **cfg.synthetic_args)
-        resolve_device(cfg.device, cfg.dtype)
-        group_advantages(torch.zeros(cfg.group_size), cfg.group_size, cfg.adv_baseline, cfg.adv_scale)
+    try:  # each concept owns its allowed values
+        grpo.check_settings(cfg)  # the loss's and the advantages' knobs
+        model.check_settings(cfg)  # model_args, LoRA, device and dtype
+        data.check_settings(cfg)  # dataset, math_levels, synthetic_args
+        template_of(cfg.template).check()  # a well-formed template ...
+        rewards.check_settings(cfg)  # ... whose completions the rules read; reward_weights, answer_checker
     except (ValueError, TypeError) as error:
         raise ValueError(f"config: {error}") from None
 
@@ -310,30 +257,28 @@ def installed(package: str) -> bool:
 
 def load_config(argv: list[str]) -> TrainConfig:
     """`[CONFIG.py ...] [--key=value ...]` -> TrainConfig. A config file is Python assigning variables (names
-    starting with "_", modules, functions and classes are ignored); see the module docstring."""
-    with refusals():  # a bad config is refused in a few lines (refusal.py)
-        hints, values = typing.get_type_hints(TrainConfig), {}
-        for arg in argv:
-            if arg in ("-h", "--help"):
-                raise SystemExit(__doc__ + "\nConfig keys and their defaults:\n" + "\n".join(
-                    f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}" for f in dataclasses.fields(TrainConfig)))
-            if arg.startswith("--"):
-                key, has_value, text = arg[2:].partition("=")
-                hint = hints.get(RENAMED_KEYS.get(key, key))
-                items, source = [(key, parse_value(text, hint) if has_value else True)], "command line"
-            elif os.path.isfile(arg):
-                items, source = [(k, v) for k, v in runpy.run_path(arg).items() if not k.startswith("_") and not
-                                 isinstance(v, (types.ModuleType, types.FunctionType, type))], arg
-            else:
-                raise FileNotFoundError(f"config file {arg} not found")
-            for key, value in items:
-                key, value = renamed(key, value, source)
-                if key not in hints:
-                    close = difflib.get_close_matches(key, hints, n=1)
-                    raise ValueError(f"unknown config key {key!r} ({source})"
-                                     + (f"; did you mean {close[0]!r}?" if close else ""))
-                values[key] = value
-        return TrainConfig(**values)
+    starting with "_", modules, functions and classes are ignored); see the module docstring. A bad config raises a
+    ValueError (a missing file: FileNotFoundError) that says what is wrong."""
+    hints, values = typing.get_type_hints(TrainConfig), {}
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            raise SystemExit(__doc__ + "\nConfig keys and their defaults:\n" + "\n".join(
+                f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}" for f in dataclasses.fields(TrainConfig)))
+        if arg.startswith("--"):
+            key, has_value, text = arg[2:].partition("=")
+            items, source = [(key, parse_value(text, hints.get(key)) if has_value else True)], "command line"
+        elif os.path.isfile(arg):
+            items, source = [(k, v) for k, v in runpy.run_path(arg).items() if not k.startswith("_") and not
+                             isinstance(v, (types.ModuleType, types.FunctionType, type))], arg
+        else:
+            raise FileNotFoundError(f"config file {arg} not found")
+        for key, value in items:
+            if key not in hints:
+                close = difflib.get_close_matches(key, hints, n=1)
+                raise ValueError(f"unknown config key {key!r} ({source})"
+                                 + (f"; did you mean {close[0]!r}?" if close else ""))
+            values[key] = value
+    return TrainConfig(**values)
 
 
 def parse_value(text: str, hint):
@@ -345,10 +290,3 @@ def parse_value(text: str, hint):
         return ast.literal_eval(text)  # numbers, None, dicts, tuples, lists
     except (ValueError, SyntaxError):
         return text  # then checked_type names the key and the expected type
-
-
-def saved_config(config: dict) -> dict:
-    """A checkpoint's config dict under today's key names and values (a run saved before a rename still resumes;
-    one saved with a template's name has the whole template)."""
-    config = dict(renamed(key, value) for key, value in config.items())
-    return {**config, **({"template": template_dict(config["template"])} if "template" in config else {})}

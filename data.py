@@ -1,18 +1,18 @@
 """
-What goes into the model as text and tokens: GSM8K-format files (GSM8K itself, or your own), tokenizers, and a
-synthetic GSM8K-format word-problem generator for the offline demo (the prompt's format: template.py).
+The problems a run trains and is evaluated on: GSM8K-format files (GSM8K itself, or your own), MATH-format ones
+(MATH-500, and MATH's training set downloaded once and verified), and synthetic GSM8K-format word problems for the
+offline demos; load_problems returns the sets a config names. (Their prompt and tokens: template.py.)
 
     python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
-    python data.py synthetic --n 200 --max-operand 9 --out data/synthetic/test.jsonl   # demo_same_family.py's family
-    python data.py synthetic_split --seed 1337 --out data/demo   # configs/demo_novel.py's three sets
-
     python data.py math --out data/math                                  # MATH's training set, sha256-verified
+    python data.py synthetic --n 200 --max-operand 9 --out data/synthetic/test.jsonl
+    python data.py synthetic_split --seed 1337 --out data/demo           # the three sets of synthetic_split
 
 Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose last
 line is "#### N", and gold is that N as a string; an answer-only row (synthetic_split's RL and held-out problems)
 has the solution "#### N" alone. On disk (GSM8K format) a row is {"question", "answer"}. A MATH row (MATH format on
 disk: {"problem", "solution", "answer", "subject", "level", "unique_id"}) keeps MATH's solution as it is, its LaTeX
-answer as gold, and its "subject", "level" and "unique_id". QuestionStream is the order in which training draws them.
+answer as gold, and its "subject", "level" and "unique_id".
 """
 
 import argparse
@@ -26,8 +26,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from rewards import extract_answer, gold_from_solution
-from template import template_of
+from answers import extract_answer, gold_from_solution
 
 # -----------------------------------------------------------------------------
 # GSM8K files
@@ -222,32 +221,6 @@ def load_math_train(data_dir: str, split: str, levels: tuple, heldout: list[dict
     return kept
 
 
-class QuestionStream:
-    """The order in which training draws questions: indices in shuffled epochs from a seeded RNG; its whole state
-    goes into the checkpoint, so a resumed run draws what an uninterrupted one would."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.rng, self.order, self.cursor = n, random.Random(seed), [], 0
-
-    def next(self, k: int) -> list[int]:
-        picked = []
-        while len(picked) < k:
-            if self.cursor == len(self.order):
-                self.order, self.cursor = list(range(self.n)), 0
-                self.rng.shuffle(self.order)
-            take = min(k - len(picked), len(self.order) - self.cursor)
-            picked += self.order[self.cursor:self.cursor + take]
-            self.cursor += take
-        return picked
-
-    def state_dict(self) -> dict:
-        return {"rng": self.rng.getstate(), "order": self.order, "cursor": self.cursor}
-
-    def load_state_dict(self, state: dict):
-        self.rng.setstate(state["rng"])
-        self.order, self.cursor = list(state["order"]), state["cursor"]
-
-
 def check_sha256(payload: bytes, expected: str, source: str):
     """Refuse data whose sha256 differs from the pinned one: a changed upstream file would change results."""
     digest = hashlib.sha256(payload).hexdigest()
@@ -267,103 +240,6 @@ def download_gsm8k(out_dir: str, url_template: str = GSM8K_URL):
             f.write(payload)
         os.replace(path + ".tmp", path)  # atomic: an interrupted run never leaves a partial file under the real name
         print(f"wrote {path}")
-
-# -----------------------------------------------------------------------------
-# tokenizers
-
-
-CHAR_TOKENIZER_FILE = "char_tokenizer.json"  # CharTokenizer.save_pretrained's marker
-
-
-class CharTokenizer:
-    """One token per character: printable ASCII and newline, plus <|pad|> and <|endoftext|> (eos).
-    Ids are fixed by this alphabet, so a checkpoint only records the name "char". Hugging Face's interface."""
-
-    SPECIAL_TOKENS = ("<|pad|>", "<|endoftext|>")
-    ALPHABET = "\n" + "".join(chr(code) for code in range(32, 127))
-
-    def __init__(self):
-        self.tokens = list(self.SPECIAL_TOKENS) + list(self.ALPHABET)
-        self.ids = {token: i for i, token in enumerate(self.tokens)}
-        self.pad_token_id, self.eos_token_id = self.ids["<|pad|>"], self.ids["<|endoftext|>"]
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def get_vocab(self) -> dict[str, int]:
-        return dict(self.ids)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of text; like Qwen's, no BOS/EOS is ever added, and special-token strings are plain text."""
-        ids = []
-        for position, char in enumerate(text):
-            if char not in self.ALPHABET:
-                raise ValueError(f"CharTokenizer cannot encode {char!r} at position {position}: "
-                                 f"it knows printable ASCII and newline only")
-            ids.append(self.ids[char])
-        return ids
-
-    def save_pretrained(self, directory: str):
-        """A marker file, so that load_tokenizer(directory) gives this tokenizer back (e.g. a run's hf/ export)."""
-        with open(os.path.join(directory, CHAR_TOKENIZER_FILE), "w") as f:
-            json.dump({"tokenizer": "char", "alphabet": self.ALPHABET}, f)
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Text of ids (a list or 1-D tensor of ints); special tokens are dropped or written as their names."""
-        pieces = []
-        for token_id in map(int, ids):
-            if not 0 <= token_id < len(self.tokens):
-                raise ValueError(f"token id {token_id} is outside CharTokenizer's vocabulary of {len(self.tokens)}")
-            if token_id < len(self.SPECIAL_TOKENS) and skip_special_tokens:
-                continue
-            pieces.append(self.tokens[token_id])
-        return "".join(pieces)
-
-
-def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
-    """"char" (or a directory CharTokenizer.save_pretrained wrote) -> CharTokenizer(); else a Hugging Face tokenizer
-    (hub name, local dir, or gguf_file in it),
-    with a pad id guaranteed: batches are padded, so a tokenizer without one pads with eos."""
-    if name_or_path == "char" or os.path.isfile(os.path.join(name_or_path, CHAR_TOKENIZER_FILE)):
-        return CharTokenizer()
-    from transformers import AutoTokenizer  # imported here: the character-level demo does not need transformers
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file)
-    if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token_id is None:
-            raise ValueError(f"tokenizer {name_or_path!r} has neither a pad nor an eos token")
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def stop_token_ids(tokenizer) -> list[int]:
-    """Ids that end a completion, sorted: eos plus Qwen's two end markers where the vocabulary has them
-    (a base model ends text with <|endoftext|>, a chat-tuned one a turn with <|im_end|>)."""
-    vocab = tokenizer.get_vocab()
-    ids = {vocab[token] for token in ("<|im_end|>", "<|endoftext|>") if token in vocab}
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("tokenizer has no eos token and no <|im_end|> or <|endoftext|>: nothing can end a completion")
-    return sorted(ids)
-
-
-def stop_sequences(tokenizer, template) -> list[list[int]]:
-    """Token sequences that end a completion (sample.generate's stop_sequences): each stop_token_ids id alone, then
-    the template's answer close tag ("</answer>") as the tokenizer splits it amid the text a model likely writes
-    before and after it, each split cut to the fewest tokens that hold the tag (a BPE merges " </" and ">\\n"), each
-    distinct split once. template: a template.Template, a TEMPLATES name or a dict."""
-    close = template_of(template).answer[1]
-    sequences = [[i] for i in stop_token_ids(tokenizer)]
-    for before in ("", " ", "\n"):
-        for after in ("", "\n", "\n\n"):
-            ids = tokenizer.encode(before + close + after, add_special_tokens=False)
-            while close in tokenizer.decode(ids[1:]):
-                ids = ids[1:]
-            while close in tokenizer.decode(ids[:-1]):
-                ids = ids[:-1]
-            if ids not in sequences:
-                sequences.append(ids)
-    return sequences
 
 # -----------------------------------------------------------------------------
 # synthetic GSM8K-format word problems, and synthetic_split's warm-start, RL and held-out families
@@ -402,10 +278,8 @@ def synthetic_problems(n: int, seed: int | str, min_ops: int = 1, max_ops: int =
     e.g. "Tom has 12 apples. He buys 7 more and gives away 5. How many apples does Tom have?"
     -> solution "12+7=19\\n19-5=14\\n#### 14", gold "14".
     """
+    check_problem_values(dict(min_ops=min_ops, max_ops=max_ops, max_operand=max_operand, max_start=max_start))
     max_start = max_operand if max_start is None else max_start
-    if not 1 <= min_ops <= max_ops or max_operand < 1 or max_start < 1:
-        raise ValueError(f"need 1 <= min_ops <= max_ops, max_operand >= 1 and max_start >= 1, got min_ops={min_ops}, "
-                         f"max_ops={max_ops}, max_operand={max_operand}, max_start={max_start}")
     rng = random.Random(seed)
     return [synthetic_problem(rng, min_ops, max_ops, max_operand, max_start) for _ in range(n)]
 
@@ -530,8 +404,8 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     """dataset="synthetic_split": three sets, a deterministic function of seed (each set from its own stream, so one
     size does not change another set's draws); every set holds distinct chains (chain_key), of its ops range and
     mix (MIXES: "one" = only additions or only subtractions, "both" = both kinds in one chain); restate: each
-    worked-solution line starts with the clause it computes (synthetic_problem). The defaults are
-    configs/demo_novel.py's:
+    worked-solution line starts with the clause it computes (synthetic_problem). The defaults are those of the
+    novel-split demo (docs/experiments.md, 2026-11-23):
     - warm: warm_size problems with worked solutions (the SFT warm start), except that with direct_share > 0 a
       seeded coin per problem (its own stream) gives about that share of them the answer alone (answer_only: the
       target "</think> <answer>N</answer>", no work), so the warm start mixes the two behaviours (configs/demo.py);
@@ -548,21 +422,9 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     - rl: rl_size problems, question and final answer only (answer_only), no chain of which occurs in warm: no
       worked solution of an RL problem exists anywhere;
     - heldout: heldout_size problems of the RL family, answer only, strictly novel: no chain occurs in warm or rl."""
-    if not 0 <= direct_share < 1:
-        raise ValueError(f"direct_share must be in [0, 1) (the warm start needs some worked solutions), got "
-                         f"{direct_share}")
-    if not all(0 <= share <= 1 for share in (reflect_share, cue_share, reflect_error, carry_slip)):
-        raise ValueError(f"reflect_share, cue_share, reflect_error and carry_slip must be in [0, 1], got "
-                         f"{reflect_share}, {cue_share}, {reflect_error} and {carry_slip}")
-    if max_operand < 1 or max_start < 1:
-        raise ValueError(f"need max_operand >= 1 and max_start >= 1, got {max_operand} and {max_start}")
-    for name, ops in (("warm_ops", warm_ops), ("rl_ops", rl_ops)):
-        if len(ops) != 2 or not 1 <= ops[0] <= ops[1]:
-            raise ValueError(f"{name} must be (min, max) operations with 1 <= min <= max, got {ops}")
-    for name, mix, ops in (("warm_mix", warm_mix, warm_ops), ("rl_mix", rl_mix, rl_ops)):
-        if mix not in MIXES or (mix == "both" and ops[1] < 2):
-            raise ValueError(f"{name} must be one of {MIXES} ('both' needs 2 or more operations), got {mix!r} "
-                             f"with {ops} operations")
+    check_split_values(dict(warm_ops=warm_ops, rl_ops=rl_ops, warm_mix=warm_mix, rl_mix=rl_mix, max_operand=max_operand,
+                            max_start=max_start, direct_share=direct_share, reflect_share=reflect_share,
+                            reflect_error=reflect_error, cue_share=cue_share, carry_slip=carry_slip))
     warm = family_problems(warm_size, random.Random(f"{seed}:warm"), set(), warm_ops, warm_mix, max_operand,
                            max_start, restate, "warm-start")
     warm_chains = {chain_key(row["question"]) for row in warm}
@@ -585,6 +447,63 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     heldout = family_problems(heldout_size, random.Random(f"{seed}:heldout"), warm_chains | {
         chain_key(row["question"]) for row in rl}, rl_ops, rl_mix, max_operand, max_start, restate, "held-out")
     return warm, [answer_only(row) for row in rl], [answer_only(row) for row in heldout]
+
+
+
+DATASETS = ("gsm8k", "jsonl", "synthetic", "synthetic_split", "math")
+SET_SIZES = ("n", "seed", "warm_size", "rl_size", "heldout_size")  # the generators' arguments that are not settings
+
+
+def check_settings(cfg):
+    """A ValueError naming the key unless the data a config names can be built: dataset, math_levels, and for the
+    synthetic sets synthetic_args (check_synthetic_args); files are read, and checked, when the run loads them."""
+    if cfg.dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {cfg.dataset!r}")
+    if not (cfg.math_levels and all(level in (1, 2, 3, 4, 5) for level in cfg.math_levels)):
+        raise ValueError(f"math_levels must be MATH levels, some of 1 to 5, got {cfg.math_levels}")
+    if cfg.dataset in ("synthetic", "synthetic_split"):  # another dataset does not read synthetic_args
+        check_synthetic_args(cfg.dataset, cfg.synthetic_args)
+
+
+def check_synthetic_args(dataset: str, args: dict):
+    """A ValueError unless args are keywords that dataset's generator (synthetic_problems for "synthetic",
+    synthetic_split for "synthetic_split") takes, with values it accepts; the ones not given take its defaults."""
+    maker = synthetic_split if dataset == "synthetic_split" else synthetic_problems
+    parameters = inspect.signature(maker).parameters
+    known = [name for name in parameters if name not in SET_SIZES]
+    unknown = sorted(set(args) - set(known))
+    if unknown:
+        raise ValueError(f"synthetic_args has unknown key(s) {unknown}; data.{maker.__name__} takes {sorted(known)}")
+    values = {**{name: parameters[name].default for name in known}, **args}
+    (check_split_values if dataset == "synthetic_split" else check_problem_values)(values)
+
+
+def check_problem_values(a: dict):
+    """A ValueError unless synthetic_problems' arguments a (every one) make a family it can draw from."""
+    max_start = a["max_operand"] if a["max_start"] is None else a["max_start"]
+    if not 1 <= a["min_ops"] <= a["max_ops"] or a["max_operand"] < 1 or max_start < 1:
+        raise ValueError(f"need 1 <= min_ops <= max_ops, max_operand >= 1 and max_start >= 1, got min_ops="
+                         f"{a['min_ops']}, max_ops={a['max_ops']}, max_operand={a['max_operand']}, max_start={max_start}")
+
+
+def check_split_values(a: dict):
+    """A ValueError unless synthetic_split's arguments a (every one but the sizes) make families it can draw from."""
+    if not 0 <= a["direct_share"] < 1:
+        raise ValueError(f"direct_share must be in [0, 1) (the warm start needs some worked solutions), got "
+                         f"{a['direct_share']}")
+    shares = [a[name] for name in ("reflect_share", "cue_share", "reflect_error", "carry_slip")]
+    if not all(0 <= share <= 1 for share in shares):
+        raise ValueError(f"reflect_share, cue_share, reflect_error and carry_slip must be in [0, 1], got "
+                         f"{', '.join(map(str, shares[:3]))} and {shares[3]}")
+    if a["max_operand"] < 1 or a["max_start"] < 1:
+        raise ValueError(f"need max_operand >= 1 and max_start >= 1, got {a['max_operand']} and {a['max_start']}")
+    for name in ("warm_ops", "rl_ops"):
+        if len(a[name]) != 2 or not 1 <= a[name][0] <= a[name][1]:
+            raise ValueError(f"{name} must be (min, max) operations with 1 <= min <= max, got {a[name]}")
+    for name, ops in (("warm_mix", a["warm_ops"]), ("rl_mix", a["rl_ops"])):
+        if a[name] not in MIXES or (a[name] == "both" and ops[1] < 2):
+            raise ValueError(f"{name} must be one of {MIXES} ('both' needs 2 or more operations), got {a[name]!r} "
+                             f"with {ops} operations")
 
 
 def load_problems(cfg) -> tuple[list[dict], list[dict], list[dict]]:

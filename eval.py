@@ -11,7 +11,7 @@ OUT_DIR/heldout.jsonl). Every completion is written with its verdict to OUT/comp
 OUT/summary.json. Completions are sampled and scored by rollout.sample_and_score, as in training; train.py's
 held-out evaluations run held_out_eval. --data is in GSM8K's format or MATH's ({"problem", "answer", "subject",
 "level", ...}: MATH-500 ships in data/math500); MATH rows are scored with the MATH answer checker
-(rewards.ANSWER_CHECKERS, --answer_checker to choose another) and pass@1 is also given per subject and per level.
+(answers.ANSWER_CHECKERS, --answer_checker to choose another) and pass@1 is also given per subject and per level.
 """
 import argparse
 import dataclasses
@@ -22,15 +22,14 @@ import os
 import torch
 from tqdm import tqdm
 
+from answers import ANSWER_CHECKERS, final_answer
 from checkpoint import load_model
 from data import load_problem_file
 from distributed import from_every_rank, rank, world_size
-from metrics import completion_flags
 from model import resolve_device
-from preflight import check_reachable, hub_names
-from refusal import command_line, refusals
-from rewards import ANSWER_CHECKERS, REFLECTION_MARKERS, final_answer
-from rollout import rollout_seed, sample_and_score
+from rewards import REFLECTION_MARKERS
+from rollout import completion_flags, rollout_seed, sample_and_score
+from run_management import check_reachable, command_line, hub_names, refusals
 from template import encode_prompt, template_of
 
 
@@ -63,8 +62,8 @@ def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1,
              progress: bool = True, cuda_graphs: bool = True, answer_checker: str = "gsm8k",
              reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
     """Sample n completions per row ({"question", "gold"}) and score them; template: a template.Template, a
-    TEMPLATES name or a dict; answer_checker: a rewards.ANSWER_CHECKERS name. Returns {"pass@1", "pass@1_stderr"
-    (over questions), "pass@k" for each k <= n, "format_rate", for each of metrics.completion_flags (worked, reflect)
+    TEMPLATES name or a dict; answer_checker: an answers.ANSWER_CHECKERS name. Returns {"pass@1", "pass@1_stderr"
+    (over questions), "pass@k" for each k <= n, "format_rate", for each of rollout.completion_flags (worked, reflect)
     e.g. "worked_rate", "accuracy_worked" and "accuracy_unworked" (of those completions and of the others; None if
     there are none), "response_length", "truncation_rate", "questions", "n", "temperature"}, and when every row has a
     "subject" and a "level" (MATH) "by_subject" and "by_level" (breakdown); temperature 0 is greedy. out_path: one
@@ -163,7 +162,7 @@ def breakdown_lines(summary: dict) -> list[str]:
 
 
 def flag_summary(flat: list[dict], name: str) -> dict:
-    """For a completion flag (metrics.completion_flags), e.g. worked: worked_rate, and accuracy_worked and
+    """For a completion flag (rollout.completion_flags), e.g. worked: worked_rate, and accuracy_worked and
     accuracy_unworked, the accuracy of the completions with it and of the others (None if there are none): did the
     worked answers get better, or more frequent?"""
     yes, no = [s for s in flat if s[name]], [s for s in flat if not s[name]]
@@ -273,7 +272,7 @@ def main(argv=None):
     for k in ks:
         if k > 1:
             print(f"pass@{k}: {summary[f'pass@{k}']:.4f}")
-    for name in completion_flags(template=None):  # worked, reflect: metrics.completion_flags says what each means
+    for name in completion_flags(template=None):  # worked, reflect: rollout.completion_flags says what each means
         accuracy = {kind: "n/a" if summary[f"accuracy_{kind}"] is None else f"{summary[f'accuracy_{kind}']:.3f}"
                     for kind in (name, "un" + name)}
         print(f"{name}_rate: {summary[f'{name}_rate']:.3f} of the completions; "

@@ -1,14 +1,22 @@
-"""The GRPO objective (DeepSeekMath, arXiv:2402.03300) and its common variants, as pure functions.
+"""
+GRPO's "learn" (DeepSeekMath, arXiv:2402.03300): the log-probs of the sampled tokens, the advantages, the clipped
+objective and its variants, and the micro-batched update that keeps them exact.
 
-Advantages: group_advantages (outcome rewards; GRPO, Dr. GRPO, RLOO, REINFORCE) and
-process_advantages (per-step rewards). Loss: grpo_loss (PPO-clipped ratio per token, or GSPO's per sequence;
-optional DAPO clip-higher; a KL penalty toward a reference by one of KL_ESTIMATORS; three loss aggregations that
-stay exact under gradient accumulation); kl_penalized_rewards for the KL in the reward instead. A batch holds
-n_groups * group_size completions; each consecutive block of group_size rows answers one prompt.
+    batches = make_micro_batches(prompts, completions, size, pad_id, device, sampler_logprobs)
+    set_advantages(batches, advantages_of(samples, batches, cfg))     # group-relative, per completion or per token
+    stats = update(policy, optimizer, batches, cfg, lr, autocast)      # mu optimizer steps on grpo_loss
 
-The loss's knobs are the fields of LossSettings, listed once: grpo_loss takes them as keywords, train.py's config
-inherits them as its keys (config.TrainConfig) and config.validate checks them with check_settings. A new variant
-is a field there and its lines in grpo_loss.
+The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE), process_advantages (per-step
+rewards), grpo_loss (PPO-clipped ratio per token or GSPO's per sequence, DAPO's clip-higher, a KL penalty by one of
+KL_ESTIMATORS, three loss aggregations), kl_penalized_rewards (the KL in the reward instead). A batch holds
+n_groups * group_size completions; each consecutive block of group_size rows answers one prompt. The loss's knobs
+are LossSettings' fields, listed once: grpo_loss takes them as keywords, config.TrainConfig inherits them as keys,
+check_settings checks them once when the config loads. A new variant is a field there and its lines in grpo_loss.
+
+The normaliser contract: a micro-batch's loss is divided by the WHOLE batch's sequence or token count (every rank's
+under torchrun), fixed before the micro-batch loop, so the micro-batches' gradients add up to the whole batch's
+exactly, however the rows are split (policy_gradient keeps it). The full-vocabulary logits of a micro-batch never
+exist at once: lm_head and log_softmax run a chunk of tokens at a time (completion_logprobs).
 
 Which KL estimator (r = pi_ref / pi_theta at a sampled token, samples from pi_old; on-policy: pi_old = pi_theta).
 The loss-side estimators' gradient claims hold per token, the prefix held fixed: for a completion of several tokens
@@ -28,16 +36,21 @@ the gradient of the sequence's KL also has a term through the prefixes' own prob
                group normalisation (kl_penalized_rewards; PPO-style): the score-function gradient
                E[(R - beta k1) grad log pi] = grad (E[R] - beta KL(pi_theta || pi_ref)) on-policy, exactly when the
                advantages are unbiased (adv_scale="none" with rloo or no baseline; "mean" scales it by (G-1)/G;
-               config.validate refuses "std", which divides beta back out in groups of equal rewards). k1 as a loss
-               term has zero expected gradient. train.py takes k1 from the sampler's log-probs (the bf16 copy on a
-               GPU), so logprob_gap adds to it.
+               check_settings refuses "std", which divides beta back out in groups of equal rewards). k1 as a loss
+               term has zero expected gradient. advantages_of takes k1 from the sampler's log-probs (the bf16 copy
+               on a GPU), so logprob_gap adds to it.
 The value logged as "kl" is k3's whatever the estimator, so curves stay comparable; it estimates
 KL(pi_theta || pi_ref) on-policy, i.e. at the first of mu > 1 updates (the samples come from pi_old after that).
 """
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
+
+from distributed import accumulating, max_over_ranks, summed_over_ranks, whole, world_size
 
 BASELINES = ("mean", "rloo", "none")
 SCALES = ("std", "none")
@@ -65,20 +78,47 @@ def loss_settings(source) -> dict:
     return {field.name: getattr(source, field.name) for field in dataclasses.fields(LossSettings)}
 
 
-def check_settings(settings: LossSettings):
-    """A ValueError naming the knob unless every LossSettings value is one grpo_loss accepts."""
-    clip_eps_high = settings.clip_eps if settings.clip_eps_high is None else settings.clip_eps_high
-    if settings.loss_agg not in LOSS_AGGS:
-        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {settings.loss_agg!r}")
-    if settings.kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {settings.kl_estimator!r}")
-    if settings.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+def check_settings(cfg):
+    """A ValueError naming the knob unless cfg's loss settings (LossSettings' fields) and, for a TrainConfig, its
+    advantage settings (adv_baseline, adv_scale with group_size, k1_reward's needs) are ones grpo.py computes; run
+    once, when the config loads."""
+    clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    if cfg.loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {cfg.loss_agg!r}")
+    if cfg.kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {cfg.kl_estimator!r}")
+    if cfg.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
         raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got "
-                         f"{settings.importance_sampling_level!r}")
-    if not (0 <= settings.clip_eps < 1 and clip_eps_high >= 0):
-        raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {settings.clip_eps}, {clip_eps_high}")
-    if not settings.beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {settings.beta}")
+                         f"{cfg.importance_sampling_level!r}")
+    if not (0 <= cfg.clip_eps < 1 and clip_eps_high >= 0):
+        raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {cfg.clip_eps}, {clip_eps_high}")
+    if not cfg.beta >= 0:
+        raise ValueError(f"beta must be >= 0, got {cfg.beta}")
+    if not hasattr(cfg, "adv_baseline"):  # a LossSettings alone
+        return
+    check_advantage_settings(cfg.adv_baseline, cfg.adv_scale, cfg.group_size)
+    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # the penalty lives in the outcome advantages
+        if cfg.supervision == "process":
+            raise ValueError("kl_estimator='k1_reward' puts the KL in the outcome rewards, which supervision='process' "
+                             "does not use: the run would have no KL penalty; use 'both', or k3_is in the loss")
+        if cfg.adv_scale != "none":
+            raise ValueError("kl_estimator='k1_reward' with adv_scale='std': in a group whose rewards are all equal "
+                             "(all right or all wrong) the std scaling divides beta back out and the KL alone gets "
+                             "unit-sized advantages; set adv_scale='none' (Dr. GRPO), or keep std with a loss-side "
+                             "estimator (k3_is)")
+
+
+def check_advantage_settings(baseline: str, scale: str, group_size: int):
+    """A ValueError unless group_advantages computes advantages with this baseline and scale in groups of this size."""
+    if baseline not in BASELINES or scale not in SCALES:
+        raise ValueError(f"baseline must be one of {BASELINES} and scale one of {SCALES}, got {baseline!r}, {scale!r}")
+    if baseline == "none" and scale == "std":
+        raise ValueError("scale='std' needs a baseline: a raw reward divided by a zero group std explodes")
+    if baseline != "none" and group_size < 2:
+        raise ValueError(f"baseline {baseline!r} needs group_size >= 2, got {group_size}")
+
+# -----------------------------------------------------------------------------
+# advantages
 
 
 def _grouped(rewards, group_size):
@@ -100,15 +140,10 @@ def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6
     GRPO = ("mean", "std"), Dr. GRPO = ("mean", "none"), RLOO = ("rloo", "none"), REINFORCE = ("none", "none").
     With a baseline, a group whose rewards are all equal gets exactly 0 (not rounding noise over eps).
     """
-    if baseline not in BASELINES or scale not in SCALES:
-        raise ValueError(f"baseline must be one of {BASELINES} and scale one of {SCALES}, got {baseline!r}, {scale!r}")
-    if baseline == "none" and scale == "std":
-        raise ValueError("scale='std' needs a baseline: a raw reward divided by a zero group std explodes")
+    check_advantage_settings(baseline, scale, group_size)
     grouped = _grouped(rewards, group_size)
     if baseline == "none":
         return grouped.flatten()
-    if group_size < 2:
-        raise ValueError(f"baseline {baseline!r} needs group_size >= 2, got {group_size}")
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if baseline == "rloo":
         centred = centred * group_size / (group_size - 1)
@@ -182,53 +217,41 @@ def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
     return rewards.float() - beta * sequence_log_ratio.float()
 
 
+# -----------------------------------------------------------------------------
+# the loss
+
+
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, num_tokens=None, constant_norm=None,
               **settings):
     """GRPO loss to minimise (= -J of DeepSeekMath) for one batch or micro-batch; returns (loss, stats).
 
-    logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded positions
-        must hold finite values (e.g. 0), since nan/inf there would leak into the gradient through the mask.
-    old_logp [B, T] or None: under the sampling policy, no grad. None = one update per batch of samples:
+    logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded positions must hold
+        finite values (e.g. 0): nan/inf there would leak into the gradient through the mask.
+    old_logp [B, T] or None: under the sampling policy, no grad. None = one update per batch of samples (mu = 1):
         logp.detach() is used, so the ratio is 1 in value but still carries the policy gradient.
-    ref_logp [B, T] or None: under the reference model; may be None only when beta == 0.
-    advantages [B] (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens,
-        stop token included.
-    settings: LossSettings' fields as keywords, each defaulting to LossSettings' value: clip_eps=0.2,
-        clip_eps_high=None, beta=0.04, kl_estimator="k3", loss_agg="seq_mean", importance_sampling_level="token".
-    Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, KL by kl_estimator
-    (KL_ESTIMATORS; the module docstring says which KL each one's value and gradient follow): "k3" (default,
-    DeepSeekMath's) exp(ref - logp) - (ref - logp) - 1, "k3_is" token ratio * k3, "k2" (ref - logp)^2 / 2, all in
-    fp32 with ref - logp clamped to +-20; "k1_reward" adds none (the KL is in the rewards: kl_penalized_rewards).
-    clip_eps_high defaults to clip_eps; set it larger for DAPO clip-higher.
-    importance_sampling_level: "token" (GRPO) takes ratio = pi_theta / pi_old per token; "sequence" (GSPO, Zheng et
-    al. 2025, arXiv:2507.18071, eq. 7) one ratio per sequence, s_i = exp(sum_t mask_it (logp - old_logp)_it /
-    |o_i|), the length-normalised geometric mean of its token ratios, clipped per sequence and shared by its tokens
-    (with seq_mean, GSPO's own average over sequences). Its gradient moves every token of a sequence by the same
-    weight s_i A_i / |o_i|; on-policy (old_logp None) s_i = 1 and the gradient equals the token level's with seq_mean.
-    The ratios of a sequence stay near 1 (a mean of logs), so GSPO clips far tighter than PPO: its paper used
-    clip_eps 3e-4 and clip_eps_high 4e-4.
+    ref_logp [B, T] or None: under the reference model; None only when beta == 0.
+    advantages [B] (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens, stop token
+        included.
+    settings: LossSettings' fields as keywords, each defaulting to LossSettings' value, trusted as given (check_settings
+        checked the config's once).
+    Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, KL by kl_estimator in fp32
+    with ref - logp clamped to +-20: "k3" exp(ref - logp) - (ref - logp) - 1, "k3_is" token ratio * k3, "k2"
+    (ref - logp)^2 / 2, "k1_reward" none (it is in the rewards). importance_sampling_level "sequence" (GSPO, Zheng et
+    al. 2025, arXiv:2507.18071, eq. 7) shares one ratio per sequence, s_i = exp(sum_t mask_it (logp - old_logp)_it /
+    |o_i|), clipped per sequence: its gradient moves every token of a sequence by s_i A_i / |o_i|, and on-policy
+    equals the token level's with seq_mean; its ratios stay near 1, so it clips far tighter (clip_eps 3e-4, 4e-4).
     loss_agg, with N = num_sequences, |o_i| = masked tokens of row i:
         "seq_mean"   (DeepSeekMath): sum_i (sum_t loss_it / |o_i|) / N
         "token_mean" (DAPO):         sum_it loss_it / num_tokens
         "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N), constant_norm e.g. max_new_tokens
-    num_sequences, num_tokens, constant_norm default to this call's own B, mask.sum() and T. Under gradient
-    accumulation pass the WHOLE batch's values to every micro-batch (micro-batches split by rows):
-        n_seq, n_tok = mask.shape[0], mask.sum()          # whole batch, fixed before the loop
-        for rows in micro_batches:
-            loss, stats = grpo_loss(..., num_sequences=n_seq, num_tokens=n_tok, constant_norm=max_new_tokens)
-            loss.backward()                                # summed gradients == full-batch gradient
-    stats (detached 0-d tensors, no host sync here), each a sum over this call's masked tokens divided by
-    num_tokens (default: this call's count, giving a mean), so that, like the loss, micro-batch stats add up to
-    the whole batch's means: "kl" (k3's value whatever the estimator; nan when ref_logp is None),
-    "clip_frac_low" (A < 0 and ratio < 1-clip_eps), "clip_frac_high" (A > 0 and ratio > 1+clip_eps_high),
-    "ratio_mean".
+    num_sequences, num_tokens, constant_norm default to this call's own B, mask.sum() and T; under gradient
+    accumulation pass the WHOLE batch's to every micro-batch (the module docstring's contract; policy_gradient).
+    stats (detached 0-d tensors, no host sync), each a sum over this call's masked tokens divided by num_tokens, so
+    that micro-batch stats add up to the whole batch's means: "kl" (k3's value whatever the estimator, comparable
+    across runs; nan without ref_logp), "clip_frac_low" (A < 0 and ratio < 1-clip_eps), "clip_frac_high" (A > 0 and
+    ratio > 1+clip_eps_high), "ratio_mean".
     """
-    unknown = sorted(set(settings) - {field.name for field in dataclasses.fields(LossSettings)})
-    if unknown:
-        raise ValueError(f"grpo_loss has no setting(s) {unknown}; its settings are LossSettings' fields "
-                         f"{[field.name for field in dataclasses.fields(LossSettings)]}")
     settings = LossSettings(**settings)
-    check_settings(settings)
     clip_eps, beta, kl_estimator = settings.clip_eps, settings.beta, settings.kl_estimator
     clip_eps_high = clip_eps if settings.clip_eps_high is None else settings.clip_eps_high
     if beta > 0 and ref_logp is None:
@@ -246,10 +269,13 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     weights = mask.float()
 
     token_ratio = torch.exp(logp - old_logp)
-    ratio = token_ratio
-    if settings.importance_sampling_level == "sequence":  # GSPO: one ratio per sequence, shared by its tokens
+    if settings.importance_sampling_level == "token":
+        ratio = token_ratio
+    elif settings.importance_sampling_level == "sequence":  # GSPO: one ratio per sequence, shared by its tokens
         lengths = weights.sum(dim=1, keepdim=True).clamp(min=1)
         ratio = torch.exp(((logp - old_logp) * weights).sum(dim=1, keepdim=True) / lengths).expand_as(logp)
+    else:
+        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}")
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
     token_loss = -torch.minimum(ratio * adv, clipped * adv)
     kl = None
@@ -257,6 +283,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
         log_ratio = (ref_logp.float() - logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
         kl = torch.exp(log_ratio) - log_ratio - 1
         if beta > 0 and kl_estimator != "k1_reward":
+            if kl_estimator not in ("k3", "k3_is", "k2"):
+                raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
             penalty = {"k3": kl, "k3_is": token_ratio * kl, "k2": 0.5 * log_ratio ** 2}[kl_estimator]
             token_loss = token_loss + beta * penalty
 
@@ -266,8 +294,10 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
         loss = (masked_sum / weights.sum(dim=1).clamp(min=1)).sum() / n_seq
     elif settings.loss_agg == "token_mean":
         loss = masked_sum.sum() / (weights.sum().clamp(min=1) if num_tokens is None else num_tokens)
-    else:
+    elif settings.loss_agg == "constant":
         loss = masked_sum.sum() / ((logp.shape[1] if constant_norm is None else constant_norm) * n_seq)
+    else:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {settings.loss_agg!r}")
 
     with torch.no_grad():
         token_count = weights.sum().clamp(min=1) if num_tokens is None else num_tokens
@@ -281,3 +311,236 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
             "ratio_mean": token_mean(ratio),
         }
     return loss, stats
+
+# -----------------------------------------------------------------------------
+# log-probs of the sampled tokens: a row is a prompt (token ids) followed by its completion (token ids, stop token
+# included); pack() lays rows out in one tensor, make_micro_batches() splits a step's rows, completion_logprobs()
+# runs the model and gives the log-prob of every completion token
+
+
+@dataclass
+class MicroBatch:
+    ids: torch.Tensor  # [b, P + N] left-padded prompts, then completions (right-padded)
+    attention_mask: torch.Tensor  # [b, P + N] bool: real tokens
+    mask: torch.Tensor  # [b, N] bool: completion tokens, stop token included
+    prompt_width: int  # P
+    rows: list[int]  # the step's rows this micro-batch holds, in its order
+    advantages: torch.Tensor | None = None  # [b] float32, or [b, N] per token (set_advantages)
+    old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
+    ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
+    sampler_logp: torch.Tensor | None = None  # [b, N] as the sampler computed them when it drew the tokens
+
+
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
+    """Left-pad prompts, append completions: -> ids [b, P+N], attention_mask [b, P+N], mask [b, N], P.
+    The completion mask comes from the lengths, never from token values (Qwen's pad token is its EOS)."""
+    width, n_new = max(map(len, prompts)), max(map(len, completions))
+    ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        ids[i, width - len(prompt):width + len(completion)] = torch.tensor(prompt + completion)
+        attention_mask[i, width - len(prompt):width + len(completion)] = True
+    return ids, attention_mask, attention_mask[:, width:].clone(), width
+
+
+def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
+                       sampler_logprobs: list[list[float]] | None = None) -> list[MicroBatch]:
+    """Split rows into micro-batches of `size` rows of similar total length (less padding). Any split is exact
+    because the loss normalisers are whole-batch; rows are reordered, so keep per-row data in the MicroBatch (the
+    advantages: set_advantages). sampler_logprobs: each completion's per-token log-probs from the sampler
+    (sample.Rollout.logprobs), kept as sampler_logp to measure the trainer's against."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
+    batches = []
+    for start in range(0, len(order), size):
+        rows = order[start:start + size]
+        ids, attention_mask, mask, width = pack([prompts[i] for i in rows], [completions[i] for i in rows], pad_id)
+        batch = MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width, rows)
+        if sampler_logprobs is not None:
+            batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(
+                mask, torch.tensor([x for i in rows for x in sampler_logprobs[i]])).to(device)
+        batches.append(batch)
+    return batches
+
+
+def set_advantages(batches: list[MicroBatch], advantages: torch.Tensor):
+    """advantages: [B] (one per completion) or [B, T] (per token, T >= the longest completion), in the step's row
+    order: each micro-batch takes its rows and, per token, its own N completion columns."""
+    for batch in batches:
+        rows = advantages[batch.rows]
+        batch.advantages = (rows if advantages.dim() == 1 else rows[:, :batch.mask.shape[1]]).to(batch.ids.device)
+
+
+def batch_sizes(batches: list[MicroBatch]) -> tuple:
+    """The step's number of sequences and of completion tokens (0-d tensors), summed over the ranks under torchrun:
+    the loss normalisers of every micro-batch."""
+    n_seq = sum(b.mask.shape[0] for b in batches)
+    n_tok = sum(b.mask.sum() for b in batches)
+    if dist.is_initialized():
+        n_seq, n_tok = summed_over_ranks(torch.stack([torch.tensor(n_seq, device=n_tok.device), n_tok]))
+    return n_seq, n_tok
+
+
+@torch.no_grad()
+def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, torch.Tensor]:
+    """How far the trainer's log-probs logp [b, N] of the sampled tokens lie from the sampler's: this micro-batch's
+    share of {"logprob_gap": mean |trainer - sampler|, "sampler_ratio": mean exp(trainer - sampler)} over n_tok
+    tokens, and its max |trainer - sampler| (0-d)."""
+    diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
+    return ({"logprob_gap": diff.abs().sum() / n_tok, "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok},
+            diff.abs().max())
+
+
+def sequence_sums(batches: list[MicroBatch], values, n: int) -> torch.Tensor:
+    """[n] (on the CPU): for each row of the step, the sum over its completion tokens of values(batch) [b, N]."""
+    sums = torch.zeros(n)
+    for batch in batches:
+        sums[batch.rows] = (values(batch) * batch.mask).sum(dim=1).float().cpu()
+    return sums
+
+
+def _chunk_logprobs(lm_head, hidden, targets, temperature):
+    """hidden [M, dim], targets [M] -> (log-prob of each target [M] fp32, summed entropy 0-d, no grad)."""
+    logits = lm_head(hidden).float() / temperature
+    log_z = logits.logsumexp(dim=-1)
+    chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
+    with torch.no_grad():
+        entropy = (log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)).sum()
+    return chosen, entropy
+
+
+def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int):
+    """Log-probs [b, N] fp32 of the completion tokens (0 off the mask) under log_softmax(logits / temperature),
+    and their summed entropy (0-d, no grad). Logits at position t score token t+1. Only masked positions go through
+    lm_head, `chunk` tokens at a time; under autograd each chunk is recomputed in backward instead of stored."""
+    hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
+    hidden = hidden[:, batch.prompt_width - 1:-1][batch.mask]  # [M, dim]: the positions that predict completions
+    targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
+    pieces, entropy = [], torch.zeros((), device=hidden.device)
+    for start in range(0, targets.numel(), chunk):
+        args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk], temperature)
+        logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled() \
+            else _chunk_logprobs(*args)
+        pieces.append(logp)
+        entropy = entropy + ent
+    values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    return torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values), entropy
+
+
+@torch.no_grad()
+def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: float, chunk: int, autocast):
+    """Fill batch.<field> ("old_logp" or "ref_logp") of every micro-batch with its log-probs under `model`."""
+    for batch in batches:
+        with autocast:
+            setattr(batch, field, completion_logprobs(model, batch, temperature, chunk)[0])
+
+# -----------------------------------------------------------------------------
+# the update: advantages for a step's rows, mu optimizer steps on the loss over every micro-batch
+
+
+def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
+    """The advantages of a step's completions (rollout.Samples): [B] per completion (outcome supervision:
+    group_advantages of the rewards, less beta times each sequence's log-ratio to the reference with
+    kl_estimator="k1_reward"), or [B, T] per token (process supervision: process_advantages of the arithmetic
+    claims; "both" adds process_weight times them to the outcome's)."""
+    rewards = torch.tensor(samples.rewards)
+    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
+        log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp, len(rewards))
+        rewards = kl_penalized_rewards(rewards, log_ratio, cfg.beta)
+    advantages = group_advantages(rewards, cfg.group_size, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
+    if cfg.supervision == "outcome":
+        return advantages
+    rewards, ends, mask = claim_tensors(samples.claims)
+    process = process_advantages(rewards, ends, cfg.group_size, max(samples.lengths), mask)
+    return process if cfg.supervision == "process" else advantages[:, None] + cfg.process_weight * process
+
+
+GAP_STATS = ("logprob_gap", "logprob_gap_max", "sampler_ratio")
+
+
+def update(policy, optimizer, batches: list[MicroBatch], cfg, lr: float, autocast, ddp=None) -> dict[str, float]:
+    """cfg.mu optimizer steps on the GRPO loss of the step's micro-batches (their advantages set, and old_logp when
+    mu > 1); returns the step's update stats, each the mean over the mu steps (loss, kl, clip fractions, ratio,
+    entropy, grad_norm), and GAP_STATS from the first, before any update. ddp: the wrapper the loss runs through
+    under torchrun (DDP), else the policy itself."""
+    stats, gap = {}, {}
+    for epoch_index in range(cfg.mu):
+        epoch = policy_gradient(ddp or policy, batches, cfg, autocast, measure_gap=epoch_index == 0)
+        gap.update({key: epoch.pop(key) for key in GAP_STATS if key in epoch})
+        epoch["grad_norm"] = whole(optimizer_step(policy, optimizer, lr, cfg.grad_clip, loss=epoch["loss"]))
+        stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
+    stats.update(gap)
+    values = torch.stack(list(stats.values())).tolist()  # one host sync for all of them
+    return dict(zip(stats, values))
+
+
+def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast, measure_gap: bool = False) -> dict:
+    """Forward and backward of the GRPO loss over every micro-batch, with the whole batch's normalisers (every rank's
+    under torchrun), so the gradients add up to the whole batch's gradient and the returned stats (0-d tensors, no
+    host sync) to its means: loss, kl, clip fractions, ratio and entropy per token. measure_gap: also GAP_STATS, how
+    far the trainer's log-probs of the sampled tokens lie from the sampler's (sampler_gap, its max over tokens)."""
+    n_seq, n_tok = batch_sizes(batches)
+    totals, gap_max = {}, torch.zeros((), device=n_tok.device)
+    for i, batch in enumerate(batches):
+        with accumulating(policy, last=i == len(batches) - 1):  # DDP all-reduces in the last backward only
+            with autocast:
+                logp, entropy = completion_logprobs(policy, batch, cfg.temperature, cfg.logprob_chunk)
+            loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
+                                    num_sequences=n_seq, num_tokens=n_tok, constant_norm=cfg.max_new_tokens,
+                                    **loss_settings(cfg))
+            # DDP and FSDP2 average the ranks' gradients; with global normalisers the sum is the batch's gradient
+            (loss * world_size()).backward()
+        if measure_gap:
+            gap, batch_max = sampler_gap(logp, batch, n_tok)
+            stats, gap_max = {**stats, **gap}, torch.maximum(gap_max, batch_max)
+        for key, value in {"loss": loss.detach(), "entropy": entropy / n_tok, **stats}.items():
+            totals[key] = totals.get(key, 0) + value
+    sums = summed_over_ranks(torch.stack(list(totals.values())))
+    totals = dict(zip(totals, sums))
+    if measure_gap:
+        totals["logprob_gap_max"] = max_over_ranks(gap_max)
+    return totals
+
+# -----------------------------------------------------------------------------
+# the optimizer: AdamW over fp32 master weights, the update every training step ends with (GRPO, the warm start, the
+# baselines)
+
+
+def configure_optimizer(model, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.99)) -> torch.optim.AdamW:
+    """AdamW over model's trainable parameters; weight decay on matrices only (not norms, biases). Keep the
+    parameters fp32: plain bf16 AdamW rounds an update of lr 1e-6 away."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=model.lm_head.weight.is_cuda)
+
+
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
+    return lr * min(1.0, step / max(1, warmup_steps))
+
+
+def optimizer_step(model, optimizer, lr: float, grad_clip: float, loss: torch.Tensor | None = None) -> torch.Tensor:
+    """The update every training step ends with (warm start, GRPO, the baselines): clip the global grad norm to
+    grad_clip (0 = no clipping), step, zero the grads; returns the norm before clipping. A non-finite norm raises
+    FloatingPointError before the update, so the weights stay as they were; with the step's loss, the message says
+    whether the loss was finite too (then the backward pass is suspect, not the learning rate)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    if not torch.isfinite(norm):  # one host sync per update: the price of never writing nan weights
+        optimizer.zero_grad(set_to_none=True)
+        if loss is not None and torch.isfinite(loss):
+            raise FloatingPointError(
+                f"gradient norm is {norm.item()} while the loss is finite ({loss.item():.4g}), so the backward pass "
+                "made it: weights grown too large can (lower lr or grad_clip), and so can the attention backend or "
+                "bf16 on CUDA (try dtype='float32')")
+        raise FloatingPointError(f"gradient norm is {norm.item()}" + ("" if loss is None else f" and the loss "
+                                 f"{loss.item()}") + ": lower lr or grad_clip")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def optimizer_updates(optimizer) -> int:
+    """How many updates the optimizer has taken (AdamW's step count; 0 before the first)."""
+    return next((int(state["step"]) for state in optimizer.state.values() if "step" in state), 0)

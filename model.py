@@ -12,11 +12,9 @@ cache, S = cache length with one) and positions default to the count of real tok
 
 LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives back
 the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint, adapters folded in.
-
-The optimizer: configure_optimizer() (AdamW over fp32 master weights), warmup_lr() and optimizer_step() (clipped,
-refusing a non-finite gradient), the update every training step of train.py, sft.py and baselines.py ends with.
 """
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -64,6 +62,14 @@ class ModelConfig:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type") != "llama3":
             raise ValueError(f"unsupported rope_scaling {self.rope_scaling}: only rope_type 'llama3' is implemented")
+
+    def check_context(self, prompts: list[list[int]], max_new_tokens: int):
+        """A ValueError unless each prompt plus max_new_tokens fits the model's positions; it names the longest."""
+        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+        if len(prompts[longest]) + max_new_tokens > self.max_seq_len:
+            raise ValueError(f"prompt #{longest} is {len(prompts[longest])} tokens; with max_new_tokens={max_new_tokens} "
+                             f"that is {len(prompts[longest]) + max_new_tokens}, longer than the model's context of "
+                             f"{self.max_seq_len} tokens: lower max_new_tokens or use shorter prompts")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
@@ -281,14 +287,6 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # parameters() counts a tied matrix once
 
-    def configure_optimizer(self, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.99)) -> torch.optim.AdamW:
-        """AdamW over the trainable parameters; weight decay on matrices only (not norms, biases). Keep the
-        parameters fp32: plain bf16 AdamW rounds an update of lr 1e-6 away."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=self.lm_head.weight.is_cuda)
-
     def add_lora(self, rank: int, alpha: float, dropout: float = 0.0,
                  targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> "Transformer":
         """Freeze every weight and wrap each `targets` projection of every block in a LoRALinear: the adapters
@@ -488,44 +486,35 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.dev
     return resolved, getattr(torch, dtype)
 
 
+def check_settings(cfg):
+    """A ValueError naming the key unless the model a train.py config names can be built: model_args (ModelConfig's
+    fields and sizes; vocab_size defaults to the tokenizer's) only for model="scratch", which needs a tokenizer; the
+    LoRA settings; device and dtype."""
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    if set(cfg.model_args) - known:
+        raise ValueError(f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; ModelConfig has "
+                         f"{sorted(known)}")
+    if cfg.model == "scratch":
+        if not cfg.tokenizer:
+            raise ValueError("model='scratch' needs a tokenizer, e.g. tokenizer='char'")
+        ModelConfig(**{"vocab_size": 1, **cfg.model_args})  # its sizes
+    elif cfg.model_args:
+        raise ValueError("model_args only apply to model='scratch'")
+    if cfg.lora_rank < 0:
+        raise ValueError(f"lora_rank must be >= 0 (0 = no LoRA), got {cfg.lora_rank}")
+    if cfg.lora_rank > 0 and not (cfg.lora_targets and set(cfg.lora_targets) <= set(LORA_TARGETS)):
+        raise ValueError(f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {cfg.lora_targets}")
+    if not (cfg.lora_alpha > 0 and 0 <= cfg.lora_dropout < 1):
+        raise ValueError(f"need lora_alpha > 0 and 0 <= lora_dropout < 1, got {cfg.lora_alpha} and {cfg.lora_dropout}")
+    resolve_device(cfg.device, cfg.dtype)
+
+
 def disable_cudnn_attention():
     """Keep SDPA off cuDNN on CUDA (flash and memory-efficient attention remain): with torch >= 2.11 cuDNN is the
     default for masked bf16 attention, and its backward has returned NaN in grad_q for GQA when a mask is passed,
     T % 128 == 64 and some attention row is extremely negative (pytorch issue 196678). Every training forward here
     passes a mask and T varies per micro-batch. train.setup and bench.py call it on CUDA."""
     torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
-    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
-    return lr * min(1.0, step / max(1, warmup_steps))
-
-
-def optimizer_step(model, optimizer, lr: float, grad_clip: float, loss: torch.Tensor | None = None) -> torch.Tensor:
-    """The update every training step ends with (warm start, GRPO, the baselines): clip the global grad norm to
-    grad_clip (0 = no clipping), step, zero the grads; returns the norm before clipping. A non-finite norm raises
-    FloatingPointError before the update, so the weights stay as they were; with the step's loss, the message says
-    whether the loss was finite too (then the backward pass is suspect, not the learning rate)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-    if not torch.isfinite(norm):  # one host sync per update: the price of never writing nan weights
-        optimizer.zero_grad(set_to_none=True)
-        if loss is not None and torch.isfinite(loss):
-            raise FloatingPointError(
-                f"gradient norm is {norm.item()} while the loss is finite ({loss.item():.4g}), so the backward pass "
-                "made it: weights grown too large can (lower lr or grad_clip), and so can the attention backend or "
-                "bf16 on CUDA (try dtype='float32')")
-        raise FloatingPointError(f"gradient norm is {norm.item()}" + ("" if loss is None else f" and the loss "
-                                 f"{loss.item()}") + ": lower lr or grad_clip")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
-
-
-def optimizer_updates(optimizer) -> int:
-    """How many updates the optimizer has taken (AdamW's step count; 0 before the first)."""
-    return next((int(state["step"]) for state in optimizer.state.values() if "step" in state), 0)
 
 
 def _download(name: str) -> str:

@@ -10,65 +10,25 @@ Rewards a config names beyond rewards.py's rules, loaded once per run by load_re
                                        JUDGE_RUBRIC; its greedy verdict, read by parse_verdict, scaled to [0, 1]
 
 The two models are batched rewards (rewards.score_completions calls them and checks every value). Each component is
-logged on its own as reward_<reward_log_name(key)>.
+logged on its own as reward_<rewards.reward_log_name(key)>; rewards.check_reward_names checks the keys when the config
+loads.
 """
 import importlib.util
 import os
 
 import torch
 
-from data import load_tokenizer, stop_token_ids
+from answers import extract_answer, parse_number
 from model import Transformer
-from rewards import REWARD_FUNCTIONS, extract_answer, parse_number
+from rewards import parse_reward_name
 from sample import generate
+from template import load_tokenizer, stop_token_ids
 
 JUDGE_RUBRIC = ("You are grading a student's solution to a math word problem. Check the reasoning and the final "
                 "answer, then rate the solution from 0 (wrong or no answer) to 10 (correct, with sound reasoning). "
                 "Reply with the score only, a whole number from 0 to 10.\n\nProblem: {question}\n\nSolution: "
                 "{completion}\n\nScore:")
 JUDGE_MAX_NEW_TOKENS = 8  # room for "Score: 10": the verdict is a number, not an essay
-NAME_FORMS = "'FILE.py:FUNCTION', 'model:NAME', 'model:NAME:LABEL' or 'judge:NAME'"
-
-
-def parse_reward_name(name: str) -> tuple[str, str, str]:
-    """A reward_weights key -> (kind, target, detail): ("rule", name, ""), ("file", path, function),
-    ("model", NAME, LABEL or ""), ("judge", NAME, ""); a ValueError lists the forms for anything else."""
-    if name in REWARD_FUNCTIONS:
-        return "rule", name, ""
-    kind, _, rest = name.partition(":")
-    target, _, label = rest.partition(":")
-    if kind == "model" and target:
-        return "model", target, label
-    if kind == "judge" and rest:
-        return "judge", rest, ""
-    path, _, function = name.rpartition(":")
-    if path.endswith(".py") and function.isidentifier():
-        return "file", path, function
-    raise ValueError(f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, {NAME_FORMS}, got {name!r}")
-
-
-def reward_log_name(name: str) -> str:
-    """A short log key for a reward_weights key: "format", "my_reward" (file:function), "model_Skywork_Reward" or
-    "judge_Qwen2_5_7B_Instruct" (the model's last path part), letters, digits and "_" only."""
-    kind, target, detail = parse_reward_name(name)
-    if kind in ("rule", "file"):
-        return detail or target
-    short = "_".join(part for part in (kind, os.path.basename(os.path.normpath(target)), detail) if part)
-    return "".join(char if char.isalnum() else "_" for char in short)
-
-
-def check_reward_names(names) -> None:
-    """Every key well formed, every FILE.py present, no two keys logged under the same name; before any loading."""
-    if not names:
-        raise ValueError(f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, {NAME_FORMS}; got none")
-    for name in names:
-        kind, target, _ = parse_reward_name(name)
-        if kind == "file" and not os.path.isfile(target):
-            raise ValueError(f"reward {name!r}: {target} not found")
-    logged = [reward_log_name(name) for name in names]
-    clashes = sorted({log for log in logged if logged.count(log) > 1})
-    if clashes:
-        raise ValueError(f"reward_weights keys {sorted(names)} would share the log name(s) {clashes}")
 
 
 def load_rewards(names, device, dtype, batch_size: int) -> dict:

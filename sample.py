@@ -190,15 +190,6 @@ def _captured(step, generator, stream):
     return graph.replay
 
 
-def check_context(prompts: list[list[int]], max_new_tokens: int, max_seq_len: int):
-    """A prompt plus max_new_tokens must fit the model's positions; the error names the longest prompt."""
-    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
-    if len(prompts[longest]) + max_new_tokens > max_seq_len:
-        raise ValueError(f"prompt #{longest} is {len(prompts[longest])} tokens; with max_new_tokens={max_new_tokens} "
-                         f"that is {len(prompts[longest]) + max_new_tokens}, longer than the model's context of "
-                         f"{max_seq_len} tokens: lower max_new_tokens or use shorter prompts")
-
-
 def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
     config = model.config
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -206,7 +197,7 @@ def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
     if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
         raise ValueError(f"need max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
                          f"{max_new_tokens}, {temperature}, {top_p}, {top_k}")
-    check_context(prompts, max_new_tokens, config.max_seq_len)
+    config.check_context(prompts, max_new_tokens)
     low, high = min(min(p) for p in prompts), max(max(p) for p in prompts)
     if low < 0 or high >= config.vocab_size:
         raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}); got ids from {low} to {high}")

@@ -1,23 +1,32 @@
-"""Supervised fine-tuning on worked solutions: the warm start (the SFT stage of the R1 pipeline); the supervised
-baselines of baselines.py update with the same loss, sft_loss_backward.
+"""
+Supervised fine-tuning: the warm start on worked solutions (the SFT stage of the R1 pipeline), and the baselines GRPO
+is measured against, which train.py's loop runs in place of grpo_step (config key `method`) with the same questions,
+completions per step, warm start and held-out set:
+
+    rft           rejection-sampling fine-tuning (RFT, STaR): GRPO's samples, one supervised step on the correct ones
+    sft_answers   one supervised step on prompts_per_step * group_size training rows (their answers alone, with
+                  dataset="synthetic_split": "</think> <answer>N</answer>")
+    sft_more      the same on warm-start rows: more of the warm start
 
 The loss is next-token cross-entropy on the completion only (the prompt is context, not a target), averaged over
-every completion token of the batch.
+every completion token of the batch (sft_loss_backward). A baseline step returns (the step's log record, sample
+completions), as grpo_step does; config.validate keeps the baselines to one process.
 """
 import json
 import os
 import random
+import time
 
 import torch
 from tqdm import tqdm
 
 from checkpoint import save_warm_start
-from data import stop_token_ids
-from distributed import rank
-from logprobs import completion_logprobs, make_micro_batches
-from model import optimizer_step, optimizer_updates, warmup_lr
-from stopping import report_stop, resume_command
-from template import R1_ZERO, Template
+from distributed import copy_weights, rank
+from grpo import (completion_logprobs, configure_optimizer, make_micro_batches, optimizer_step, optimizer_updates,
+                  warmup_lr)
+from rollout import sample_groups, shown_samples, step_record
+from run_management import report_stop, resume_command
+from template import R1_ZERO, Template, stop_token_ids
 
 
 def sft_text(row: dict, template: Template = R1_ZERO) -> str:
@@ -40,7 +49,7 @@ def sft_target(tokenizer, row: dict, template: Template = R1_ZERO) -> list[int]:
 
 def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device, autocast, chunk) -> torch.Tensor:
     """Backward of the mean next-token loss over all target tokens (micro-batched, exact); returns the loss."""
-    batches = make_micro_batches(prompts, targets, torch.ones(len(prompts)), micro_batch_size, pad_id, device)
+    batches = make_micro_batches(prompts, targets, micro_batch_size, pad_id, device)
     n_tok = sum(b.mask.sum() for b in batches)
     loss = 0
     for batch in batches:
@@ -61,7 +70,7 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast, stat
     optimizer and batch order go to out_dir/ckpt.pt (checkpoint.save_warm_start, with the warm-start set's
     fingerprint and the run's id); given that checkpoint's state (its weights already in model), the warm start goes
     on with the very steps an unstopped one takes. Returns the steps done: fewer than sft_steps when stopped."""
-    optimizer = model.configure_optimizer(cfg.sft_lr, cfg.weight_decay, cfg.adam_betas)
+    optimizer = configure_optimizer(model, cfg.sft_lr, cfg.weight_decay, cfg.adam_betas)
     rng, first, path = random.Random(cfg.seed), 1, os.path.join(cfg.out_dir, "ckpt.pt")
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -98,3 +107,41 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast, stat
                 report_stop(stopping, f"warm-start step {step}", path)
                 return step
     return cfg.sft_steps
+
+# -----------------------------------------------------------------------------
+# the baselines
+
+
+def supervised_update(run, cfg, step: int, prompts: list, targets: list) -> dict:
+    """One optimizer step on the mean next-token loss of targets after prompts; the sampler follows the policy."""
+    lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
+    loss = sft_loss_backward(run.policy, prompts, targets, cfg.micro_batch_size, run.tokenizer.pad_token_id,
+                             run.policy.lm_head.weight.device, run.autocast, cfg.logprob_chunk)
+    grad_norm = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip, loss=loss)
+    if run.sampler is not run.policy:
+        copy_weights(run.sampler, run.policy)
+    return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}
+
+
+def rft_step(run, cfg, step: int) -> tuple[dict, list[dict]]:
+    """One step of rejection-sampling fine-tuning: grpo_step's samples, then one supervised update on the correct
+    ones only; none correct, no update. kept_fraction is the share of samples trained on."""
+    samples = sample_groups(run, cfg, step)
+    kept = [i for i, correct in enumerate(samples.components["correctness"]) if correct == 1.0]
+    t1 = time.perf_counter()
+    update = supervised_update(run, cfg, step, [samples.prompts[i] for i in kept],
+                               [samples.completions[i] for i in kept]) if kept else \
+        {"loss": None, "grad_norm": None, "lr": warmup_lr(cfg.lr, step, cfg.warmup_steps)}
+    record = step_record(step, samples, {"kept_fraction": len(kept) / len(samples.prompts), **update,
+                                         "time_update": time.perf_counter() - t1}, cfg)
+    return record, shown_samples(run.problems, step, samples, cfg.group_size)
+
+
+def sft_step(run, cfg, step: int) -> tuple[dict, list[dict]]:
+    """One supervised step on prompts_per_step * group_size training rows (GRPO's completions per step): the RL
+    rows' answers alone ("sft_answers"), or warm-start rows ("sft_more": train.setup gives it those as its rows)."""
+    start = time.perf_counter()
+    picked = run.stream.next(cfg.prompts_per_step * cfg.group_size)
+    update = supervised_update(run, cfg, step, [run.prompts[i] for i in picked],
+                               [sft_target(run.tokenizer, run.problems[i], run.template) for i in picked])
+    return step_record(step, None, {**update, "time_update": time.perf_counter() - start}, cfg), []

@@ -1,18 +1,21 @@
 """
-The format a completion is asked to take, as one object: the prompt text, the think tags and the answer tags.
-Everything that writes or reads the tags derives from a Template: the prompt and the response prefix it ends in
-(format_prompt), where sampling stops (data.stop_sequences: the answer's close tag), the warm start's targets
-(target_text), and in rewards.py the format reward, the answer-tag reading and the worked-answer test.
+The text side of a run: the format a completion is asked to take (Template: the prompt, the think tags and the answer
+tags), the tokenizers that turn it into ids (a Hugging Face tokenizer, or CharTokenizer for the offline demos) and the
+ids that end a completion (stop_token_ids, stop_sequences: the answer's close tag). Everything that writes or reads
+the tags derives from a Template: the prompt and the response prefix it ends in (format_prompt), where sampling
+stops, the warm start's targets (target_text), and in rewards.py the format reward and the answer-tag reading.
 
     template = template_of("r1_zero")                  # a TEMPLATES name ...
     template = template_of({"think": ("<reasoning>", "</reasoning>"), "answer": ("<final>", "</final>")})
     format_prompt("What is 2+3?", template)            # ... or a dict of Template's fields (config key `template`)
 
 A config names a template or spells one out as a dict; TrainConfig keeps it as the resolved dict (template_dict),
-so config.json and every checkpoint hold the whole template and eval.py and --resume use that very one. check()
-runs when the config loads: a template whose tags the rewards cannot read stops the run there.
+so config.json and every checkpoint hold the whole template and eval.py and --resume use that very one. When the
+config loads, Template.check() says whether it is well formed and rewards.check_template whether the rules read it.
 """
 import dataclasses
+import json
+import os
 import string
 from dataclasses import dataclass
 
@@ -54,13 +57,10 @@ class Template:
         "" reasoning gives the answer alone."""
         return f"{reasoning}{self.think[1]} {self.answer[0]}{answer}{self.answer[1]}"
 
-    def check(self, answer_checker: str = "gsm8k"):
-        """A ValueError unless the rewards can read completions in this format: the fields are known and the prompt
-        names the question once; the four tags are non-empty, distinct, without surrounding whitespace and none
-        inside another (a reader looking for one would find the other); and a worked and an answer-only target
-        written in it get the format reward, the correctness reward for their answer only (read by answer_checker,
-        a rewards.ANSWER_CHECKERS name, as the run reads it), and (the worked one) the worked-answer test."""
-        from rewards import correctness_reward, format_reward, shows_work  # rewards.py reads templates
+    def check(self):
+        """A ValueError unless the template is well formed: its fields are known and the prompt names the question
+        once; the four tags are non-empty, distinct, without surrounding whitespace and none inside another (a reader
+        looking for one would find the other). Whether the rewards read it: rewards.check_template."""
         for label, text in (("prompt", self.prompt), ("system", self.system),
                             ("response_prefix", self.response_prefix)):
             try:
@@ -87,15 +87,6 @@ class Template:
                 where = "repeated" if tag in others else f"inside {inside[0]!r}"
                 raise ValueError(f"template tag {tag!r} is {where}: a reader of one tag would find the other; the four "
                                  f"tags {tags} must differ")
-        worked, direct = self.prefix + self.target_text("3+4=7\n", "7"), self.prefix + self.target_text("", "7")
-        readable = (format_reward(worked, "7", template=self) == format_reward(direct, "7", template=self) == 1.0
-                    and correctness_reward(worked, "7", template=self, answer_checker=answer_checker) == 1.0
-                    and correctness_reward(worked, "8", template=self, answer_checker=answer_checker) == 0.0
-                    and shows_work(worked[len(self.prefix):], self) and not shows_work(direct[len(self.prefix):], self))
-        if not readable:
-            raise ValueError(f"template {self.name or dict(think=self.think, answer=self.answer)}: the rewards cannot "
-                             f"read a completion written in it, e.g. {worked!r}; choose tags that a worked answer does "
-                             "not contain (digits, arithmetic signs, '####', '\\boxed{', 'answer is')")
 
 
 TEMPLATES = {
@@ -154,3 +145,100 @@ def encode_prompt(tokenizer, question: str, template) -> list[int]:
     template = template_of(template)
     text = format_prompt(question, template, tokenizer)
     return tokenizer.encode(text, add_special_tokens=not template.chat)  # a chat text holds its own specials
+
+# -----------------------------------------------------------------------------
+# tokenizers
+
+
+CHAR_TOKENIZER_FILE = "char_tokenizer.json"  # CharTokenizer.save_pretrained's marker
+
+
+class CharTokenizer:
+    """One token per character: printable ASCII and newline, plus <|pad|> and <|endoftext|> (eos).
+    Ids are fixed by this alphabet, so a checkpoint only records the name "char". Hugging Face's interface."""
+
+    SPECIAL_TOKENS = ("<|pad|>", "<|endoftext|>")
+    ALPHABET = "\n" + "".join(chr(code) for code in range(32, 127))
+
+    def __init__(self):
+        self.tokens = list(self.SPECIAL_TOKENS) + list(self.ALPHABET)
+        self.ids = {token: i for i, token in enumerate(self.tokens)}
+        self.pad_token_id, self.eos_token_id = self.ids["<|pad|>"], self.ids["<|endoftext|>"]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.ids)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of text; like Qwen's, no BOS/EOS is ever added, and special-token strings are plain text."""
+        ids = []
+        for position, char in enumerate(text):
+            if char not in self.ALPHABET:
+                raise ValueError(f"CharTokenizer cannot encode {char!r} at position {position}: "
+                                 f"it knows printable ASCII and newline only")
+            ids.append(self.ids[char])
+        return ids
+
+    def save_pretrained(self, directory: str):
+        """A marker file, so that load_tokenizer(directory) gives this tokenizer back (e.g. a run's hf/ export)."""
+        with open(os.path.join(directory, CHAR_TOKENIZER_FILE), "w") as f:
+            json.dump({"tokenizer": "char", "alphabet": self.ALPHABET}, f)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Text of ids (a list or 1-D tensor of ints); special tokens are dropped or written as their names."""
+        pieces = []
+        for token_id in map(int, ids):
+            if not 0 <= token_id < len(self.tokens):
+                raise ValueError(f"token id {token_id} is outside CharTokenizer's vocabulary of {len(self.tokens)}")
+            if token_id < len(self.SPECIAL_TOKENS) and skip_special_tokens:
+                continue
+            pieces.append(self.tokens[token_id])
+        return "".join(pieces)
+
+
+def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
+    """"char" (or a directory CharTokenizer.save_pretrained wrote) -> CharTokenizer(); else a Hugging Face tokenizer
+    (hub name, local dir, or gguf_file in it),
+    with a pad id guaranteed: batches are padded, so a tokenizer without one pads with eos."""
+    if name_or_path == "char" or os.path.isfile(os.path.join(name_or_path, CHAR_TOKENIZER_FILE)):
+        return CharTokenizer()
+    from transformers import AutoTokenizer  # imported here: the character-level demo does not need transformers
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"tokenizer {name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """Ids that end a completion, sorted: eos plus Qwen's two end markers where the vocabulary has them
+    (a base model ends text with <|endoftext|>, a chat-tuned one a turn with <|im_end|>)."""
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[token] for token in ("<|im_end|>", "<|endoftext|>") if token in vocab}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("tokenizer has no eos token and no <|im_end|> or <|endoftext|>: nothing can end a completion")
+    return sorted(ids)
+
+
+def stop_sequences(tokenizer, template) -> list[list[int]]:
+    """Token sequences that end a completion (sample.generate's stop_sequences): each stop_token_ids id alone, then
+    the template's answer close tag ("</answer>") as the tokenizer splits it amid the text a model likely writes
+    before and after it, each split cut to the fewest tokens that hold the tag (a BPE merges " </" and ">\\n"), each
+    distinct split once. template: a template.Template, a TEMPLATES name or a dict."""
+    close = template_of(template).answer[1]
+    sequences = [[i] for i in stop_token_ids(tokenizer)]
+    for before in ("", " ", "\n"):
+        for after in ("", "\n", "\n\n"):
+            ids = tokenizer.encode(before + close + after, add_special_tokens=False)
+            while close in tokenizer.decode(ids[1:]):
+                ids = ids[1:]
+            while close in tokenizer.decode(ids[:-1]):
+                ids = ids[:-1]
+            if ids not in sequences:
+                sequences.append(ids)
+    return sequences

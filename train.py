@@ -9,11 +9,10 @@ rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device, or 
     python train.py configs/demo.py --overwrite       # start again in an out_dir that already holds a run
     torchrun --standalone --nproc_per_node=8 train.py configs/gsm8k.py   # 8 GPUs, DDP (--sharding=fsdp: FSDP2)
 
-The loop (train): set up (data, tokenizer, model, an optional supervised warm start), evaluate, then grpo_step
-after grpo_step (rollout, reference log-probs, advantages, update, sampler sync: its five numbered phases), with
-logs (metrics.py), held-out evaluations and checkpoints between steps; `method` swaps grpo_step for a baseline of
-baselines.py. Elsewhere: stopping and failures (stopping.py), the run's directory (outdir.py), torchrun
-(distributed.py).
+The loop (train): set up (data, tokenizer, model, an optional supervised warm start), evaluate, then grpo_step after
+grpo_step, with logs, held-out evaluations and checkpoints between steps. grpo_step reads as the algorithm: act
+(rollout.py: sample, score, shape), then learn (grpo.py: log-probs, advantages, the update), then sync the sampler.
+`method` swaps grpo_step for a baseline (sft.py). Run management (run_management.py) stays around the loop.
 """
 import contextlib
 import json
@@ -28,30 +27,20 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-import baselines
-from checkpoint import (export_hf, fingerprint, load_init_weights, load_policy, restore, save_checkpoint,
-                        tokenizer_of)
-from config import TrainConfig, installed, load_config
-from data import QuestionStream, load_problems
-from distributed import (accumulating, all_samples, broadcast_weights, copy_weights, from_every_rank,
-                         init_distributed, leave_together, max_over_ranks, rank, sharded, spread, summed_over_ranks,
-                         whole, world_size)
+from checkpoint import export_hf, fingerprint, load_init_weights, load_policy, restore, save_checkpoint, tokenizer_of
+from config import TrainConfig, load_config
+from data import load_problems
+from distributed import (broadcast_weights, copy_weights, from_every_rank, init_distributed, leave_together, rank,
+                         sharded, spread)
 from eval import held_out_eval
-from grpo import claim_tensors, group_advantages, grpo_loss, kl_penalized_rewards, loss_settings, process_advantages
-from logprobs import (add_logprobs, batch_sizes, completion_logprobs, make_micro_batches, sampler_gap, sequence_sums,
-                      set_advantages)
-from metrics import progress, step_record
-from model import Transformer, disable_cudnn_attention, optimizer_step, resolve_device, warmup_lr
-from outdir import RunLock, check_out_dir, start_out_dir
-from preflight import check_machine, check_reachable, hub_names, model_config
-from refusal import command_line, refusals
+from grpo import add_logprobs, advantages_of, configure_optimizer, make_micro_batches, set_advantages, update, warmup_lr
+from model import Transformer, disable_cudnn_attention, resolve_device
 from reward_models import load_rewards
-from rollout import Samples, sample_groups, shown_samples
-from sample import check_context
-from sft import sft_target, warm_start
-from stopping import StopRequest, report_stop, saved_on_failure
+from rollout import QuestionStream, progress, sample_groups, shown_samples, step_record
+from run_management import (RunLock, StopRequest, Tracker, check_machine, check_out_dir, check_reachable, command_line,
+                            hub_names, model_config, refusals, report_stop, saved_on_failure, start_out_dir)
+from sft import rft_step, sft_step, sft_target, warm_start
 from template import Template, encode_prompt, template_of
-from tracker import Tracker
 
 
 @dataclass
@@ -69,7 +58,7 @@ class Run:
     heldout: list[dict]
     autocast: typing.Any  # bf16 autocast on CUDA, a null context in fp32
     step: int = 0  # steps completed
-    rewards: dict = field(default_factory=dict)  # the loaded non-rule rewards (reward_models.load_rewards)
+    rewards: dict = field(default_factory=dict)  # the config's own rewards, loaded (reward_models.load_rewards)
     ddp: torch.nn.Module | None = None  # torchrun, sharding="ddp": the loss runs through this wrapper
     warm_set: str = ""  # fingerprint of the warm-start set (checkpoint.fingerprint), recorded in checkpoints
     run_id: str = ""  # the run's own id, kept in its checkpoints (a resumed run goes on in the same wandb run)
@@ -81,22 +70,17 @@ class Run:
 def train(cfg: TrainConfig) -> dict:
     """Run (or resume) training; returns {"pass@1_start", "pass@1_end", "step", "interrupted"} (interrupted: the
     name of the signal that stopped the run early, or False)."""
-    main, ckpt_path = rank() == 0, os.path.join(cfg.out_dir, "ckpt.pt")
     with RunLock(cfg.out_dir, cfg.model), StopRequest() as stop:  # one run per out_dir; signals stop after a step
         run = setup(cfg, stop)
         if run is None or stop.agreed():  # a signal in the warm start (it said what it saved) or the set-up
             if run is not None:
-                report_stop(stop.requested, "the set-up", ckpt_path)
+                report_stop(stop.requested, "the set-up", os.path.join(cfg.out_dir, "ckpt.pt"))
             return {"pass@1_start": None, "pass@1_end": None, "interrupted": stop.requested,
                     "step": run.step if run else 0}
-        with Tracker(cfg, run.run_id, run.step) as tracker:
+        with Tracker(cfg, run.run_id, run.step) as tracker:  # logs; at the end, the curves
             summary = loop(run, cfg, stop, tracker)
-        if main and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub
-            export_hf(ckpt_path, os.path.join(cfg.out_dir, "hf"), run.tokenizer)
-        if main and installed("matplotlib"):  # optional: the plot is a bonus
-            from plot import plot_run
-            if path := plot_run(cfg.out_dir):
-                tqdm.write(f"curves: {path}")
+        if rank() == 0 and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub
+            export_hf(os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "hf"), run.tokenizer)
     return summary
 
 
@@ -134,8 +118,7 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
 
 def step_function(method: str):
     """The step that cfg.method names (config.METHODS), looked up when called (so a test can replace one)."""
-    return {"grpo": grpo_step, "rft": baselines.rft_step, "sft_answers": baselines.sft_step,
-            "sft_more": baselines.sft_step}[method]
+    return {"grpo": grpo_step, "rft": rft_step, "sft_answers": sft_step, "sft_more": sft_step}[method]
 
 # -----------------------------------------------------------------------------
 # one GRPO step
@@ -149,7 +132,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     # 1. rollout: group_size completions of each of prompts_per_step questions, sampled, scored, shaped, filtered
     samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
-    batches = make_micro_batches(samples.prompts, samples.completions, None, cfg.micro_batch_size,
+    batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs)
     # 2. reference log-probs for the KL penalty (beta > 0), and for mu > 1 the sampling policy's for the ratio
     if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy itself with its adapters off
@@ -163,71 +146,17 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     if device.type == "cuda":
         torch.cuda.synchronize()  # so the phase timings below are honest
     t2 = time.perf_counter()
-    # 4. update: mu optimizer steps on the clipped objective
-    lr, stats, gap = warmup_lr(cfg.lr, step, cfg.warmup_steps), {}, {}
-    for epoch_index in range(cfg.mu):
-        epoch = policy_gradient(run.ddp or run.policy, batches, cfg, run.autocast, measure_gap=epoch_index == 0)
-        gap.update({key: epoch.pop(key) for key in GAP_STATS if key in epoch})
-        epoch["grad_norm"] = whole(optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip, loss=epoch["loss"]))
-        stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
+    # 4. update: mu optimizer steps on the clipped objective, micro-batched with whole-batch normalisers
+    lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
+    stats = update(run.policy, run.optimizer, batches, cfg, lr, run.autocast, run.ddp)
     # 5. sync the sampler: it generates the next step's rollout with the new weights
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
-    stats = {**stats, **gap}
-    stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the one host sync of the stats
     t3 = time.perf_counter()
     memory = {"memory_gb": torch.cuda.max_memory_allocated(device) / 1e9} if device.type == "cuda" else {}
-    record = step_record(step, all_samples(samples), {**stats, "lr": lr, "time_reference": t2 - t1,
-                                                      "time_update": t3 - t2, **memory}, cfg)
+    record = step_record(step, samples, {**stats, "lr": lr, "time_reference": t2 - t1, "time_update": t3 - t2,
+                                         **memory}, cfg)
     return record, shown_samples(run.problems, step, samples, cfg.group_size)
-
-
-def advantages_of(samples: Samples, batches: list, cfg: TrainConfig) -> torch.Tensor:
-    """The advantages of a step's completions: [B] per completion (outcome supervision: grpo.group_advantages, of
-    the rewards less beta times each sequence's log-ratio to the reference with kl_estimator="k1_reward"), or
-    [B, T] per token (process supervision: grpo.process_advantages of the arithmetic claims; "both" adds them)."""
-    rewards = torch.tensor(samples.rewards)
-    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
-        log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp, len(rewards))
-        rewards = kl_penalized_rewards(rewards, log_ratio, cfg.beta)
-    advantages = group_advantages(rewards, cfg.group_size, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
-    if cfg.supervision == "outcome":
-        return advantages
-    rewards, ends, mask = claim_tensors(samples.claims)
-    process = process_advantages(rewards, ends, cfg.group_size, max(samples.lengths), mask)
-    return process if cfg.supervision == "process" else advantages[:, None] + cfg.process_weight * process
-
-
-GAP_STATS = ("logprob_gap", "logprob_gap_max", "sampler_ratio")
-
-
-def policy_gradient(policy, batches, cfg: TrainConfig, autocast, measure_gap: bool = False) -> dict[str, torch.Tensor]:
-    """Forward and backward of the GRPO loss over every micro-batch. The loss normalisers are the whole batch's,
-    so the gradients add up to the whole batch's gradient, and the returned stats (0-d tensors, no host sync) to
-    its means: loss, kl, clip fractions, ratio and entropy per token. Under torchrun the whole batch is every
-    rank's rows: the normalisers and the stats are summed over the ranks. measure_gap (before any update of the
-    step): also GAP_STATS, how far the trainer's log-probs of the sampled tokens lie from the sampler's:
-    mean and max of |trainer - sampler|, and the mean of exp(trainer - sampler), the samples' importance ratio."""
-    n_seq, n_tok = batch_sizes(batches)  # sequences and tokens, every rank's
-    totals, gap_max = {}, torch.zeros((), device=n_tok.device)
-    for i, batch in enumerate(batches):
-        with accumulating(policy, last=i == len(batches) - 1):  # DDP all-reduces in the last backward only
-            with autocast:
-                logp, entropy = completion_logprobs(policy, batch, cfg.temperature, cfg.logprob_chunk)
-            loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
-                                    num_sequences=n_seq, num_tokens=n_tok, constant_norm=cfg.max_new_tokens,
-                                    **loss_settings(cfg))
-            # DDP and FSDP2 average the ranks' gradients; with global normalisers the sum is the batch's gradient
-            (loss * world_size()).backward()
-        if measure_gap:
-            gap, batch_max = sampler_gap(logp, batch, n_tok)
-            stats, gap_max = {**stats, **gap}, torch.maximum(gap_max, batch_max)
-        for key, value in {"loss": loss.detach(), "entropy": entropy / n_tok, **stats}.items():
-            totals[key] = totals.get(key, 0) + value
-    totals = dict(zip(totals, summed_over_ranks(torch.stack(list(totals.values())))))
-    if measure_gap:
-        totals["logprob_gap_max"] = max_over_ranks(gap_max)
-    return totals
 
 # -----------------------------------------------------------------------------
 # set-up: a new run, or a resumed one
@@ -239,7 +168,6 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     changes (an --overwrite deletes the old run only then). None: `stop` was requested during the warm start."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     with refusals():  # a bad input, a missing file or a machine without what the run needs: refused in a few lines
         device, dtype = resolve_device(cfg.device, cfg.dtype)
         device = init_distributed(device)
@@ -256,7 +184,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         check_machine(cfg, device, model_config(cfg, len(tokenizer)), max(map(len, every_prompt)))
         rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)  # once per run
         policy = load_policy(cfg, state, tokenizer)
-        check_context(every_prompt, cfg.max_new_tokens, policy.config.max_seq_len)
+        policy.config.check_context(every_prompt, cfg.max_new_tokens)
         if state is None and cfg.init_from:
             load_init_weights(policy, cfg.init_from, warm, check_warm_set=cfg.dataset == "synthetic_split")
         start_out_dir(cfg, state, heldout)  # all checked: clear an old run (--overwrite) or cut the logs (--resume)
@@ -267,8 +195,9 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     policy.to(device).grad_checkpointing = cfg.grad_checkpointing
     run_id = (state or {}).get("run_id") or from_every_rank(uuid.uuid4().hex[:12])[0]
     if warm_prompts:  # the warm start: worked solutions, its own optimizer; a saved one goes on where it stopped
-        if warm_start(policy, warm_prompts, [sft_target(tokenizer, p, template) for p in warm], cfg,
-                      tokenizer.pad_token_id, device, autocast, state, stop, fingerprint(warm), run_id) < cfg.sft_steps:
+        targets = [sft_target(tokenizer, p, template) for p in warm]
+        if warm_start(policy, warm_prompts, targets, cfg, tokenizer.pad_token_id, device, autocast, state, stop,
+                      fingerprint(warm), run_id) < cfg.sft_steps:
             return None  # stopped by a signal: saved, and said how to go on
         state = None  # the warm start is done: RL starts as a new run does
     if state is None and cfg.lora_rank > 0:  # after the warm start: SFT trains every weight
@@ -278,7 +207,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     reference = policy.frozen_copy(dtype) if cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo" else None
     ddp = spread(policy, cfg.sharding, device)  # torchrun: DDP replicas, or FSDP2 shards before the optimizer sees them
     run = Run(policy=policy, sampler=sampler, reference=reference,
-              optimizer=policy.configure_optimizer(cfg.lr, cfg.weight_decay, cfg.adam_betas),
+              optimizer=configure_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.adam_betas),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer, template=template,
               problems=problems, prompts=prompts, heldout=heldout, autocast=autocast, rewards=rewards,
               ddp=ddp, warm_set=fingerprint(warm), run_id=run_id)
@@ -287,12 +216,19 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     else:  # RL's first resume point, before anything else can fail; sft.pt first: an RL ckpt.pt implies it
         if cfg.warm_starts:  # eval.py can score the warm start alone after ckpt.pt moves on
             save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
-        save_checkpoint(run, cfg, ckpt_path)
+        save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "ckpt.pt"))
     return run
 
 
+def main(argv: list[str]) -> dict:
+    """`python train.py CONFIG.py ... --key=value ...`: the config loaded and checked (a bad one refused), then train."""
+    with refusals():
+        cfg = load_config(argv)
+    return train(cfg)
+
+
 if __name__ == "__main__":
-    result = command_line("train.py", lambda: train(load_config(sys.argv[1:])))  # a refusal: its message, no traceback
+    result = command_line("train.py", lambda: main(sys.argv[1:]))  # a refusal: its message, no traceback
     leave_together()
     if rank() == 0:
         print(json.dumps(result))

@@ -6,9 +6,8 @@ import shutil
 import pytest
 
 from conftest import qwen_tokenizer_dir
-from data import (CharTokenizer, download_gsm8k, load_gsm8k, load_gsm8k_file, load_jsonl, load_tokenizer,
-                  stop_sequences, stop_token_ids, synthetic_problems, write_jsonl)
-from template import format_prompt
+from data import download_gsm8k, load_gsm8k, load_gsm8k_file, load_jsonl, synthetic_problems, write_jsonl
+from template import CharTokenizer, format_prompt, load_tokenizer, stop_sequences, stop_token_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo (MIT, see its LICENSE_AND_SOURCE.txt)

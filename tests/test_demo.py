@@ -1,8 +1,9 @@
-"""dataset="synthetic_split" (configs/demo_novel.py, issue 12): three synthetic families (a warm start with worked
-solutions, RL and held-out answer only), a strictly novel held-out split, the baselines (RFT, answers-only SFT, more
-warm start) run by the same loop, and init_from, which starts every method from one shared warm start. configs/demo.py
-(issue 26) shares the split's checks; its warm start's direct answers are tests/test_demo_direct.py's."""
+"""dataset="synthetic_split" (issue 12; configs/demo.py since issue 26): three synthetic families (a warm start with
+worked solutions, RL and held-out answer only), a strictly novel held-out split, the baselines (RFT, answers-only SFT,
+more warm start) run by the same loop, and init_from, which starts every method from one shared warm start. The warm
+start's direct answers are tests/test_demo_direct.py's."""
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -10,17 +11,17 @@ import re
 import pytest
 import torch
 
-import baselines
+import sft
 import data
 import rollout
 import train
-from data import (CharTokenizer, chain_key, load_gsm8k, load_problems, main as data_main, synthetic_problems,
-                  synthetic_split)
+from data import chain_key, load_gsm8k, load_problems, main as data_main, synthetic_problems, synthetic_split
 from sft import sft_text
-from template import format_prompt
+from template import CharTokenizer, format_prompt
 from train import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPLIT_DEFAULTS = {name: p.default for name, p in inspect.signature(synthetic_split).parameters.items()}
 CLAUSE = re.compile(r"(buys|finds|gets|gives away|loses|sells) (\d+)")
 SIGN = {"buys": "+", "finds": "+", "gets": "+", "gives away": "-", "loses": "-", "sells": "-"}
 
@@ -35,9 +36,16 @@ def solution_lines(row: dict) -> list[str]:
     return [line for line in row["solution"].splitlines() if not line.startswith("####")]
 
 
-def demo_config(*files, base="demo_novel.py", **overrides):
-    cfg = load_config([os.path.join(ROOT, "configs", name) for name in (base,) + files])
-    return dataclasses.replace(cfg, **overrides)
+# the novel-split demo's data (configs/demo_novel.py until the redesign; docs/experiments.md, 2026-11-23): the
+# defaults of synthetic_split, every warm-start solution worked
+NOVEL = dict(synthetic_args={}, synthetic_warm_size=5000, synthetic_train_size=5000, synthetic_eval_size=300,
+             eval_size=300)
+
+
+def demo_config(*files, novel=True, **overrides):
+    """configs/demo.py (with overlays), on the novel split's data unless novel=False."""
+    cfg = load_config([os.path.join(ROOT, "configs", name) for name in ("demo.py",) + files])
+    return dataclasses.replace(cfg, **{**(NOVEL if novel else {}), **overrides})
 
 # -----------------------------------------------------------------------------
 # the split
@@ -47,14 +55,14 @@ def demo_config(*files, base="demo_novel.py", **overrides):
 CROWDED = dict(warm_ops=(1, 3), rl_ops=(2, 3), max_operand=4, max_start=4, warm_mix="any", rl_mix="any")
 
 
-@pytest.mark.parametrize("which", ["demo_novel.py", "demo.py", "crowded"])
+@pytest.mark.parametrize("which", ["novel", "demo.py", "crowded"])
 def test_heldout_chains_occur_in_neither_the_warm_start_nor_the_rl_set(which):
     if which == "crowded":
         ops, (warm, rl, heldout) = CROWDED, synthetic_split(5, warm_size=800, rl_size=300, heldout_size=100, **CROWDED)
     else:
-        cfg = demo_config(base=which)
-        ops, (warm, rl, heldout) = cfg.synthetic_args, load_problems(cfg)
-        assert len(heldout) == cfg.eval_size == {"demo_novel.py": 300, "demo.py": 200}[which]
+        cfg = demo_config(novel=which == "novel")
+        ops, (warm, rl, heldout) = {**SPLIT_DEFAULTS, **cfg.synthetic_args}, load_problems(cfg)
+        assert len(heldout) == cfg.eval_size == {"novel": 300, "demo.py": 200}[which]
     warm_chains, rl_chains = {chain_of(r["question"]) for r in warm}, [chain_of(r["question"]) for r in rl]
     heldout_chains = [chain_of(r["question"]) for r in heldout]
     assert not set(heldout_chains) & (warm_chains | set(rl_chains))
@@ -109,15 +117,15 @@ def test_a_family_too_small_for_novel_heldout_chains_is_named():
         synthetic_split(1, rl_ops=(4, 3))
 
 
-@pytest.mark.parametrize("base", ["demo_novel.py", "demo.py"])
-def test_data_cli_writes_the_sets_train_py_uses(tmp_path, base):
-    cfg = demo_config(base=base)
+@pytest.mark.parametrize("novel", [True, False])
+def test_data_cli_writes_the_sets_train_py_uses(tmp_path, novel):
+    cfg = demo_config(novel=novel)
     data_main(["synthetic_split", "--seed", str(cfg.seed), "--warm_size", str(cfg.synthetic_warm_size), "--rl_size",
                str(cfg.synthetic_train_size), "--heldout_size", str(cfg.synthetic_eval_size), "--out", str(tmp_path)]
               + [f"--{k}={v}" for k, v in cfg.synthetic_args.items()])
     sets = [load_gsm8k(str(tmp_path), name) for name in ("warm", "rl", "heldout")]
     assert list(load_problems(cfg)) == sets  # direct answers too: a "#### N" row reads back as answer_only's
-    if base == "demo_novel.py":  # the docstring's command: synthetic_split's defaults are this demo's
+    if novel:  # the CLI's defaults are synthetic_split's, the novel split's
         data_main(["synthetic_split", "--out", str(tmp_path / "defaults")])
         assert [load_gsm8k(str(tmp_path / "defaults"), name) for name in ("warm", "rl", "heldout")] == sets
 
@@ -173,7 +181,7 @@ def test_a_warm_start_prompt_longer_than_the_context_is_named_before_the_warm_st
 
 
 def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
-    real_sample, real_sft = rollout.sample_and_score, baselines.sft_loss_backward
+    real_sample, real_sft = rollout.sample_and_score, sft.sft_loss_backward
     verdicts = {1: [1.0, 0.0, 0.0, 1.0], 2: [0.0, 0.0, 0.0, 0.0]}  # per step: 2 questions x 2 samples
     sampled, trained = [], []
 
@@ -187,7 +195,7 @@ def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
         trained.append((prompts, targets))
         return real_sft(model, prompts, targets, *args)
     monkeypatch.setattr(rollout, "sample_and_score", known_correctness)
-    monkeypatch.setattr(baselines, "sft_loss_backward", record_targets)
+    monkeypatch.setattr(sft, "sft_loss_backward", record_targets)
     train.train(tiny_config(tmp_path, "demo_rft.py", sft_steps=0, eval_every=0))
     assert len(sampled) == 2 and len(trained) == 1  # step 2 had nothing correct: no update
     assert trained[0][1] == [sampled[0].completions[0], sampled[0].completions[3]]
@@ -201,12 +209,12 @@ def test_rft_trains_on_the_correct_samples_only(tmp_path, monkeypatch):
                                               (("demo_sft_answers.py",), "sft_answers"),
                                               (("demo_sft_more.py",), "sft_more")])
 def test_each_demo_config_runs_two_steps(tmp_path, monkeypatch, files, method):
-    real_sft, targets = baselines.sft_loss_backward, []
+    real_update, targets = sft.supervised_update, []
 
-    def record_targets(model, prompts, batch_targets, *args):
+    def record_targets(run, cfg, step, prompts, batch_targets):  # a baseline step's update (not the warm start's)
         targets.extend(CharTokenizer().decode(t) for t in batch_targets)
-        return real_sft(model, prompts, batch_targets, *args)
-    monkeypatch.setattr(baselines, "sft_loss_backward", record_targets)
+        return real_update(run, cfg, step, prompts, batch_targets)
+    monkeypatch.setattr(sft, "supervised_update", record_targets)
     cfg = tiny_config(tmp_path, *files)
     assert cfg.method == method and cfg.out_dir == str(tmp_path)
     train.train(cfg)

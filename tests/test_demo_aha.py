@@ -9,7 +9,7 @@ from data import (carries, chain_key, count_check, has_worked_solution, rework_s
                   synthetic_split)
 from config import TrainConfig, validate
 from eval import summarize
-from metrics import accuracy_metrics
+from rollout import accuracy_metrics
 from rewards import arithmetic_claims, reflects
 from rollout import Samples
 from sft import sft_text

@@ -10,14 +10,14 @@ import random
 import pytest
 import torch
 
-import shaping
+import rollout
 import train
 from conftest import ROOT
-from data import CharTokenizer, answer_only, chain_key, has_worked_solution, load_problems, synthetic_split
+from data import answer_only, chain_key, has_worked_solution, load_problems, synthetic_split
 from rollout import Samples
-from shaping import coin_rewards
+from rollout import coin_rewards
 from sft import sft_text
-from template import format_prompt
+from template import CharTokenizer, format_prompt
 from train import load_config
 
 
@@ -32,7 +32,7 @@ def digest(sets) -> str:
 
 def test_direct_share_0_keeps_the_split_bit_identical():
     # sha256 of the default split's three sets as json.dumps wrote them before direct_share existed (commit 2a301db),
-    # i.e. configs/demo_novel.py's sets: its runs reproduce
+    # i.e. the novel-split demo's sets (docs/experiments.md, 2026-11-23): its runs reproduce
     before = "5d4200c6279daadab7a752e9f11dbf4db37997ce9bd101668507454afb8c7a45"
     assert digest(synthetic_split(1337)) == digest(synthetic_split(1337, direct_share=0.0)) == before
 
@@ -110,8 +110,8 @@ def test_the_random_reward_replaces_correctness_by_a_seeded_coin_of_the_given_ra
 def test_the_random_reward_control_trains_on_coins_and_logs_the_true_accuracy(tmp_path, monkeypatch):
     from test_guards import tiny
     seen = []
-    real = shaping.coin_rewards
-    monkeypatch.setattr(shaping, "coin_rewards", lambda *args: seen.append(args) or real(*args))
+    real = rollout.coin_rewards
+    monkeypatch.setattr(rollout, "coin_rewards", lambda *args: seen.append(args) or real(*args))
     train.train(tiny(tmp_path, random_reward=0.5, max_steps=2))
     assert len(seen) == 2 and seen[0][2] == 0.5 and seen[0][3] != seen[1][3]  # a seed per step
     with open(tmp_path / "log.jsonl") as f:

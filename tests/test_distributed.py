@@ -14,10 +14,9 @@ import torch.multiprocessing as mp
 
 import distributed
 import train
-from data import CharTokenizer
-from logprobs import add_logprobs, make_micro_batches
+from grpo import add_logprobs, configure_optimizer, make_micro_batches, optimizer_step, policy_gradient, set_advantages
 from model import ModelConfig, Transformer
-from sft import optimizer_step
+from template import CharTokenizer
 from test_guards import log_steps, tiny
 from train import TrainConfig
 
@@ -47,11 +46,12 @@ def one_update(rows: slice, sharding: str | None) -> dict:
     distributed.spread. Returns the whole gradients, grad norm, stats and updated weights."""
     policy, reference = tiny_model(0), tiny_model(1)
     ddp = distributed.spread(policy, sharding, torch.device("cpu")) if sharding else None
-    optimizer = policy.configure_optimizer(UPDATE.lr)
+    optimizer = configure_optimizer(policy, UPDATE.lr)
     prompts, completions, advantages = rollouts()
-    batches = make_micro_batches(prompts[rows], completions[rows], advantages[rows], UPDATE.micro_batch_size, 0, "cpu")
+    batches = make_micro_batches(prompts[rows], completions[rows], UPDATE.micro_batch_size, 0, "cpu")
+    set_advantages(batches, advantages[rows])
     add_logprobs(reference, batches, "ref_logp", UPDATE.temperature, UPDATE.logprob_chunk, NO_AUTOCAST)
-    stats = train.policy_gradient(ddp or policy, batches, UPDATE, NO_AUTOCAST)
+    stats = policy_gradient(ddp or policy, batches, UPDATE, NO_AUTOCAST)
     grads = {name: distributed.whole(p.grad).clone() for name, p in policy.named_parameters()}  # before clipping
     stats["grad_norm"] = distributed.whole(optimizer_step(policy, optimizer, UPDATE.lr, UPDATE.grad_clip))
     return {"grads": grads, "stats": stats, "weights": {k: distributed.whole(v) for k, v in policy.state_dict().items()}}

@@ -6,6 +6,7 @@ import signal
 import pytest
 import torch
 
+import grpo
 import rollout
 import train
 from train import TrainConfig, load_config
@@ -176,7 +177,8 @@ def test_eval_cli_rejects_bad_arguments(tmp_path, capsys):
 
 
 def test_sampled_pass_at_k_does_not_depend_on_the_batch_size(tmp_path):
-    from data import CharTokenizer, synthetic_problems
+    from data import synthetic_problems
+    from template import CharTokenizer
     from eval import evaluate
     from model import ModelConfig, Transformer
     torch.manual_seed(0)
@@ -233,13 +235,16 @@ def test_lora_run_trains_only_adapters_resumes_exactly_and_exports(tmp_path, mon
             assert not torch.allclose(exported(ids), policy(ids), atol=1e-5)
 
 
-def test_a_checkpoint_saved_under_old_key_names_resumes(tmp_path):
+def test_a_checkpoint_saved_under_old_key_names_is_refused_naming_them(tmp_path):
+    """No renamed-key shims: a checkpoint whose config has a key this code does not know was written by other code;
+    --resume refuses it, naming the key, instead of resuming with that key's setting dropped."""
     train.train(tiny(tmp_path, max_steps=1))
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     state["config"]["algorithm"] = state["config"].pop("method")  # as a run from before the rename saved it
     torch.save(state, tmp_path / "ckpt.pt")
-    train.train(tiny(tmp_path, max_steps=2, resume=True))
-    assert log_steps(tmp_path) == [1, 2]
+    with pytest.raises(ValueError, match=r"written by other code: its config has key\(s\) \['algorithm'\]"):
+        train.train(tiny(tmp_path, max_steps=2, resume=True))
+    assert log_steps(tmp_path) == [1]
 
 
 def test_an_exception_inside_a_step_saves_the_last_complete_step_and_resume_redoes_it(tmp_path, monkeypatch):
@@ -265,14 +270,14 @@ def test_an_exception_inside_a_step_saves_the_last_complete_step_and_resume_redo
 
 
 def test_a_failure_after_the_first_of_mu_updates_saves_nothing_new(tmp_path, monkeypatch):
-    real, calls = train.optimizer_step, []
+    real, calls = grpo.optimizer_step, []
 
     def second_update_fails(*args, **kwargs):
         calls.append(1)
         if len(calls) == 4:  # step 2's second update (mu=2): its first already moved the weights
             raise FloatingPointError("gradient norm is nan")
         return real(*args, **kwargs)
-    monkeypatch.setattr(train, "optimizer_step", second_update_fails)
+    monkeypatch.setattr(grpo, "optimizer_step", second_update_fails)
     with pytest.raises(FloatingPointError, match="step 2: .*the step had updated the weights, so .*keeps the last "
                                                  "checkpoint written"):
         train.train(tiny(tmp_path, mu=2, max_steps=3, checkpoint_every=0))

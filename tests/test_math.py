@@ -15,12 +15,12 @@ import eval as eval_py
 import rollout
 import train
 from config import TrainConfig
-from data import (CharTokenizer, download_math, load_problem_file, load_problems, math_rows, problem_key,
-                  write_jsonl)
-from rewards import ANSWER_CHECKERS, MATH_FORMS, correctness_reward, final_answer, score_completions
+from data import download_math, load_problem_file, load_problems, math_rows, problem_key, write_jsonl
+from answers import ANSWER_CHECKERS, MATH_FORMS, final_answer
+from rewards import check_template, correctness_reward, score_completions
 from sample import Rollout
 from sft import sft_text
-from template import template_of
+from template import CharTokenizer, template_of
 from test_guards import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,9 +104,9 @@ def test_the_config_key_defaults_from_the_dataset_and_reaches_the_template_check
         TrainConfig(answer_checker="sympy")
     with pytest.raises(ValueError, match="math_levels must be MATH levels"):
         TrainConfig(dataset="math", math_levels=(0, 3))
-    template_of("r1_zero").check("math")  # a worked and a direct answer in its tags read under MATH's rules too
+    check_template(template_of("r1_zero"), "math")  # a worked and a direct answer in its tags read under MATH's too
     with pytest.raises(ValueError, match="unknown answer_checker"):
-        template_of("r1_zero").check("sympy")
+        check_template(template_of("r1_zero"), "sympy")
 
 # -----------------------------------------------------------------------------
 # MATH-format data

@@ -1,16 +1,10 @@
-"""is_equiv_math against two oracles on docs/math_pairs.py's labelled MATH-500 pairs: the generator's own labels
+"""is_equiv_math against two oracles on tools/math_pairs.py's labelled MATH-500 pairs: the generator's own labels
 (always run) and Hugging Face's Math-Verify (skipped when math_verify is not installed). docs/math_checker.md explains
 every known disagreement."""
-import os
-import sys
-
 import pytest
 
-from conftest import ROOT
+import math_pairs  # tools/math_pairs.py (conftest puts tools/ on the path)
 from math_answers import is_equiv_math
-
-sys.path.insert(0, os.path.join(ROOT, "docs"))
-import math_pairs  # noqa: E402  (docs/math_pairs.py)
 
 # (pred, gold) pairs of math_pairs.make_pairs() where is_equiv_math and Math-Verify 0.9.0 disagree, each explained in
 # docs/math_checker.md. Math-Verify credits a decimal close to an irrational gold (it rounds before comparing), and a

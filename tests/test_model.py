@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conftest import package_dir
-from data import CharTokenizer, load_tokenizer
+from template import CharTokenizer, load_tokenizer
 from model import LORA_TARGETS, KVCache, ModelConfig, Transformer
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,

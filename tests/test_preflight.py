@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-import preflight
+import run_management as preflight
 import train
 from conftest import ROOT
-from refusal import refused
+from run_management import refused
 from test_guards import tiny
 
 # Qwen2.5-1.5B's shape (its config.json's keys), for checks that read a model's shape before its weights

@@ -8,13 +8,15 @@ import time
 import pytest
 import torch
 
+import grpo
 import train
-from data import CharTokenizer, load_tokenizer
+from answers import parse_number
+from conftest import qwen_tokenizer_dir
 from grpo import grpo_loss, process_advantages
-from rewards import arithmetic_claims, parse_number, claim_rewards, token_ends
+from rewards import arithmetic_claims, claim_rewards, token_ends
+from template import CharTokenizer, load_tokenizer
 from test_guards import log_steps, tiny
 from test_rewards import GSM8K_DIR
-from conftest import qwen_tokenizer_dir
 
 
 @pytest.mark.parametrize("text, claims", [
@@ -140,7 +142,7 @@ def test_a_wrong_middle_step_lowers_the_advantages_of_the_tokens_up_to_it_and_th
     steps = [claim_rewards(t, c, tokenizer.decode) for t, c in zip(texts, completions)]
     (first, _), (middle, wrong), (last, _) = steps[0]
     assert wrong == 0.0 and [r for _, r in steps[1]] == [1.0, 1.0, 1.0]
-    rewards, ends, mask = train.claim_tensors(steps)
+    rewards, ends, mask = grpo.claim_tensors(steps)
     T = max(map(len, completions))
     advantages = process_advantages(rewards, ends, 2, T, mask)
     row = advantages[0]
@@ -158,11 +160,11 @@ def test_a_wrong_middle_step_lowers_the_advantages_of_the_tokens_up_to_it_and_th
 
 
 class Spy:
-    """Wraps a function of the train module and keeps what it was called with and returned."""
+    """Wraps a function of grpo.py (the update's side of a step) and keeps what it was called with and returned."""
 
     def __init__(self, monkeypatch, name, replace=None):
-        self.calls, self.function = [], replace or getattr(train, name)
-        monkeypatch.setattr(train, name, self)
+        self.calls, self.function = [], replace or getattr(grpo, name)
+        monkeypatch.setattr(grpo, name, self)
 
     def __call__(self, *args, **kwargs):
         result = self.function(*args, **kwargs)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import train
-from reward_models import Judge, RewardModel, check_reward_names, load_rewards, parse_verdict, reward_log_name
-from rewards import SHOWN_CHARS, correctness_reward, score_completions
+from reward_models import Judge, RewardModel, load_rewards, parse_verdict
+from rewards import SHOWN_CHARS, check_reward_names, correctness_reward, reward_log_name, score_completions
 from test_guards import log_steps, saved_step, tiny
 from conftest import qwen_tokenizer_dir
 

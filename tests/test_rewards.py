@@ -5,8 +5,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from rewards import (REWARD_FUNCTIONS, correctness_reward, extract_answer, format_reward, gold_from_solution,
-                     is_equiv, score_completions)
+from answers import gold_from_solution
+from rewards import REWARD_FUNCTIONS, correctness_reward, extract_answer, format_reward, is_equiv, score_completions
 
 GSM8K_DIR = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo
 

@@ -16,7 +16,7 @@ import torch
 import checkpoint
 import sft
 import train
-from outdir import RunLock
+from run_management import RunLock
 from conftest import ROOT
 from data import load_gsm8k_file
 from rewards import score_completions

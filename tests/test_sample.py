@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import sample
 from conftest import qwen_tokenizer_dir
-from data import load_tokenizer, stop_sequences, stop_token_ids
+from template import load_tokenizer, stop_sequences, stop_token_ids
 from model import ModelConfig, Transformer
 from sample import generate
 
@@ -186,7 +186,7 @@ def test_a_stop_sequence_in_the_prompt_does_not_stop_the_row():
 
 def test_greedy_stop_at_answer_close_equals_transformers_stop_strings():
     """A tiny random Qwen2 made to write known Qwen tokens (a bigram chain through one-hot embeddings) stops where
-    transformers' generate(stop_strings=["</answer>"]) does, on the token splits data.stop_sequences lists.
+    transformers' generate(stop_strings=["</answer>"]) does, on the token splits template.stop_sequences lists.
     (transformers also matches a stop string that begins in the prompt; generate() does not: no row does here.)"""
     tokenizer = load_tokenizer(qwen_tokenizer_dir())
     ids = lambda text: tokenizer.encode(text, add_special_tokens=False)

@@ -6,11 +6,11 @@ import torch
 import train
 from conftest import qwen_tokenizer_dir
 from config import load_config
-from data import CharTokenizer, load_tokenizer, stop_sequences
 from eval import main as eval_main
 from rewards import correctness_reward, extract_answer, format_reward, shows_work
 from sft import sft_text
-from template import R1_ZERO, R1_ZERO_INSTRUCTION, TEMPLATES, encode_prompt, format_prompt, template_of
+from template import (R1_ZERO, R1_ZERO_INSTRUCTION, TEMPLATES, CharTokenizer, encode_prompt, format_prompt, load_tokenizer,
+                      stop_sequences, template_of)
 from test_guards import tiny
 
 # R1-Zero's prompt (DeepSeek-R1-Zero, table 1) as the repo wrote it before templates were objects: pinned, so the
@@ -127,15 +127,17 @@ def test_a_run_with_reasoning_and_final_tags_trains_on_them_and_eval_reads_them_
     assert tuple(summary["template"]["answer"]) == ("<final>", "</final>")
 
 
-def test_a_checkpoint_that_names_its_template_resumes_with_the_whole_template(tmp_path):
-    """A checkpoint written before templates were recorded whole holds the name ("plain"): it still resumes."""
+def test_a_checkpoint_that_names_its_template_is_refused_on_resume(tmp_path):
+    """A checkpoint written before templates were recorded whole holds the name ("plain"); no shim reads it as the
+    whole template: --resume refuses it, naming the key, and leaves the run as it was."""
     train.train(tiny(tmp_path / "run", max_steps=1))
     path = tmp_path / "run" / "ckpt.pt"
     state = torch.load(path, weights_only=True)
     state["config"]["template"] = "plain"
     torch.save(state, path)
-    train.train(tiny(tmp_path / "run", max_steps=2, resume=True))
-    assert torch.load(path, weights_only=True)["config"]["template"]["prompt"] == "Question: {question}\nAnswer: "
+    with pytest.raises(ValueError, match="this command changes template='plain'"):
+        train.train(tiny(tmp_path / "run", max_steps=2, resume=True))
+    assert torch.load(path, weights_only=True)["step"] == 1
 
 
 def test_config_files_name_templates_or_spell_them_out(tmp_path):

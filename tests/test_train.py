@@ -7,12 +7,14 @@ import torch
 
 import train
 from conftest import qwen_tokenizer_dir
-from data import CharTokenizer, load_gsm8k, write_jsonl
-from logprobs import MicroBatch, add_logprobs, completion_logprobs, make_micro_batches, pack
+from data import load_gsm8k, write_jsonl
+from template import CharTokenizer
+from grpo import (MicroBatch, add_logprobs, completion_logprobs, configure_optimizer, make_micro_batches, pack,
+                  policy_gradient, set_advantages)
 from model import ModelConfig, Transformer
 from sample import generate
 from sft import sft_text
-from train import TrainConfig, load_config, policy_gradient
+from train import TrainConfig, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(ROOT, "data", "gsm8k")  # shipped with the repo (MIT, see its LICENSE_AND_SOURCE.txt)
@@ -156,7 +158,7 @@ def test_logprobs_match_the_sampler_and_chunking():
     rollout = generate(model, prompts, 8, temperature=0.7, seed=3)
     lengths = rollout.lengths.tolist()
     completions = [rollout.tokens[i, :lengths[i]].tolist() for i in range(5)]
-    batch = MicroBatch(*pack(prompts, completions, 0), advantages=torch.zeros(5))
+    batch = MicroBatch(*pack(prompts, completions, 0), rows=list(range(5)), advantages=torch.zeros(5))
     with torch.no_grad():
         logp, _ = completion_logprobs(model, batch, 0.7, chunk=3)
         whole, _ = completion_logprobs(model, batch, 0.7, chunk=10_000)
@@ -176,7 +178,8 @@ def test_micro_batched_gradients_and_stats_equal_the_full_batch():
         for size in (8, 3):
             model = tiny_model()
             reference = tiny_model(seed=1)
-            batches = make_micro_batches(prompts, completions, advantages, size, 0, "cpu")
+            batches = make_micro_batches(prompts, completions, size, 0, "cpu")
+            set_advantages(batches, advantages)
             cfg = TrainConfig(loss_agg=loss_agg, beta=0.1, logprob_chunk=4)
             add_logprobs(reference, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk, no_autocast)
             stats.append(policy_gradient(model, batches, cfg, no_autocast))
@@ -200,7 +203,7 @@ def test_grpo_updates_raise_the_reward_on_a_toy_task():
     model = tiny_model()
     prompts, _ = random_rows(6, seed=2)
     cfg = TrainConfig(beta=0.0, logprob_chunk=64)
-    optimizer = model.configure_optimizer(1e-2)
+    optimizer = configure_optimizer(model, 1e-2)
     even = torch.arange(len(CharTokenizer())) % 2 == 0
 
     def p_even():
@@ -214,7 +217,8 @@ def test_grpo_updates_raise_the_reward_on_a_toy_task():
         rollout = generate(model, batch_prompts, 2, temperature=1.0, seed=step)
         completions = rollout.tokens.tolist()
         rewards = torch.tensor([float(c[0] % 2 == 0) for c in completions])
-        batches = make_micro_batches(batch_prompts, completions, group_advantages(rewards, 8), 16, 0, "cpu")
+        batches = make_micro_batches(batch_prompts, completions, 16, 0, "cpu")
+        set_advantages(batches, group_advantages(rewards, 8))
         policy_gradient(model, batches, cfg, torch.autocast("cpu", enabled=False))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -3,8 +3,8 @@ The commands behind docs/experiments.md's tables for configs/demo_aha.py (the ah
 1337, 2, 3: data and initialisation), GRPO with two RL seeds from each, the baselines and controls from the same
 warm starts, and the final models sampled at T=1.
 
-    python docs/aha_table.py                      # runs what out/aha_table lacks (2 jobs at a time), then the tables
-    python docs/aha_table.py --summary            # the tables of the runs already there
+    python tools/aha_table.py                      # runs what out/aha_table lacks (2 jobs at a time), then the tables
+    python tools/aha_table.py --summary            # the tables of the runs already there
 
 Per warm start s: `python train.py configs/demo_aha.py --seed=s` (the warm start, then GRPO with RL seed s); then
 from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, and with RL seed s RFT (--method=rft), REINFORCE

@@ -3,11 +3,11 @@ Preemption anywhere: stop a small run at random moments in every phase (warm sta
 checkpoint write, export), alternately by SIGTERM and SIGKILL, restart it with the same command each time, and
 check that its final weights and logs (timing fields aside) equal an uninterrupted run's.
 
-    python chaos.py                     # 24 stops, 4 in each phase, on a small demo-shaped run (about 5 min)
-    python chaos.py --stops 6 --seed 1  # fewer stops (tests/test_chaos.py runs a tiny version in the suite)
-    python chaos.py --same out/a out/b  # only compare two finished runs, as it compares its own
+    python tools/chaos.py                     # 24 stops, 4 in each phase, on a small demo-shaped run (about 5 min)
+    python tools/chaos.py --stops 6 --seed 1  # fewer stops (tests/test_chaos.py runs a tiny version in the suite)
+    python tools/chaos.py --same out/a out/b  # only compare two finished runs, as it compares its own
 
-Every attempt runs `python train.py CONFIG --resume --out_dir=DIR` in a child process (`python chaos.py --child
+Every attempt runs `python train.py CONFIG --resume --out_dir=DIR` in a child process (`python tools/chaos.py --child
 PLAN ...` runs train.py's main with the plan's stop installed): the run's own command, the same each time. A plan
 names a phase, which of its entries to stop in (the n-th call of the function that does it), a delay after that
 entry and a signal. A stop during a checkpoint write lands between torch.save's writing and the rename; with
@@ -25,7 +25,8 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the library's modules, from tools/
 PHASES = ("warm start", "rollout", "update", "evaluation", "checkpoint write", "export")
 TIMING = ("time_", "tokens_per_s", "memory_gb")
 # the run stopped: a small demo-shaped config (the warm start, GRPO with evaluations and checkpoints, the export)
@@ -38,6 +39,7 @@ def install(plan: dict):
     function, then after delay seconds, from a timer thread)."""
     import checkpoint
     import eval as evaluation
+    import grpo
     import rollout
     import sft
     import torch
@@ -61,7 +63,7 @@ def install(plan: dict):
         setattr(module, name, wrapper)
     wrap(sft, "sft_loss_backward", "warm start")
     wrap(rollout, "sample_and_score", "rollout")
-    wrap(train, "policy_gradient", "update")
+    wrap(grpo, "policy_gradient", "update")
     wrap(evaluation, "score_questions", "evaluation")
     wrap(train, "export_hf", "export")
     real_save = torch.save
@@ -79,7 +81,8 @@ def install(plan: dict):
 def attempt(args: list, out_dir: str, plan: dict | None) -> tuple[int, bool]:
     """One launch of the run's command (with a stop plan, or none): its exit status (negative: killed), and whether
     a stop reached it (a SIGTERM after the last step stops nothing, but is still handled)."""
-    command = [sys.executable, "chaos.py", "--child", json.dumps(plan)] if plan else [sys.executable, "train.py"]
+    command = [sys.executable, "tools/chaos.py", "--child", json.dumps(plan)] if plan else \
+        [sys.executable, "train.py"]
     done = subprocess.run(command + args + ["--resume", f"--out_dir={out_dir}"], cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=1800)
     if done.returncode not in (0, -signal.SIGKILL, -signal.SIGTERM, 128 + signal.SIGTERM):
@@ -189,8 +192,8 @@ def main():
     if args.child:  # a launch of the run: train.py's main (as `python train.py` runs it), with a stop installed
         install(json.loads(args.child))
         import train
-        from refusal import command_line
-        result = command_line("train.py", lambda: train.train(train.load_config(rest)))
+        from run_management import command_line
+        result = command_line("train.py", lambda: train.main(rest))
         sys.exit(128 + signal.Signals[result["interrupted"]].value if result["interrupted"] else 0)
     work = tempfile.mkdtemp(prefix="chaos_")
     # about how long one call of each phase's function takes in CONFIG's run, seconds

@@ -1,8 +1,8 @@
 """
 GRPO on the smallest possible problem, a 10-armed bandit, against REINFORCE and REINFORCE with a baseline.
 
-    python bandit.py                               # table over 5 seeds for each landscape, writes bandit.png
-    python bandit.py --beta 0 --group_size 4 --mu 4
+    python tools/bandit.py                               # table over 5 seeds for each landscape, writes bandit.png
+    python tools/bandit.py --beta 0 --group_size 4 --mu 4
 
 The policy is a softmax over 10 logits for the actions 1..10 (no states), started uniform; that initial policy is
 the reference of the KL. Rewards are deterministic, each landscape's best action earns 1.0, tri(d) = max(0, 1-|d|):
@@ -23,7 +23,7 @@ Adam by default: its per-parameter step size does not depend on the advantage sc
 unit-std advantages and REINFORCE's raw rewards alike (--optimizer sgd to see the difference).
 Reported metrics are exact sums over the 10 actions, not sample estimates.
 
-    python bandit.py --kl_table                    # where each KL estimator (grpo.KL_ESTIMATORS) leads GRPO
+    python tools/bandit.py --kl_table                    # where each KL estimator (grpo.KL_ESTIMATORS) leads GRPO
 
 With a uniform reference, the policy that maximises E_pi[r] - beta KL(pi || pi_ref) is known in closed form,
 pi*(a) proportional to pi_ref(a) exp(r(a) / beta); the one that maximises E_pi[r] - beta KL(pi_ref || pi) (the forward
@@ -32,11 +32,14 @@ KL, which k3's gradient follows) solves pi(a) = beta pi_ref(a) / (beta - r(a) + 
 that of E_pi[r], so these optima are the stationary points) and prints how far the final policy lies from each.
 """
 import argparse
+import os
+import sys
 import time
 
 import torch
 
-from grpo import KL_ESTIMATORS, group_advantages, grpo_loss, kl_penalized_rewards
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the library's modules, from tools/
+from grpo import KL_ESTIMATORS, group_advantages, grpo_loss, kl_penalized_rewards  # noqa: E402
 
 LANDSCAPES = ("single", "double", "linear")
 ALGORITHMS = ("grpo", "reinforce", "reinforce_baseline")

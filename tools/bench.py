@@ -1,10 +1,10 @@
 """
 Where GRPO's time and memory go: the sampler and the whole step, against transformers and TRL in the same run.
 
-    python bench.py                      # Qwen2.5-0.5B shapes, random weights, bf16 on the GPU
-    python bench.py --shape 1.5b         # configs/gsm8k.py's Qwen2.5-1.5B shapes (its micro-batch, checkpointing)
-    python bench.py --tiny               # a tiny random Qwen2 on the CPU in well under a minute (CI runs it)
-    python bench.py --gpu_check DIR      # everything a GPU session measures, in one command (--tiny: its CPU rehearsal)
+    python tools/bench.py                      # Qwen2.5-0.5B shapes, random weights, bf16 on the GPU
+    python tools/bench.py --shape 1.5b         # configs/gsm8k.py's Qwen2.5-1.5B shapes (its micro-batch, checkpointing)
+    python tools/bench.py --tiny               # a tiny random Qwen2 on the CPU in well under a minute (CI runs it)
+    python tools/bench.py --gpu_check DIR      # everything a GPU session measures, in one command (--tiny: its CPU rehearsal)
 
 1. Sampler: new tokens/s of sample.generate and of transformers' generate on the same weights (T = 1, stop tokens
    off, every row decodes all its tokens), and the fraction of the memory-bandwidth bound: each decode step must
@@ -41,12 +41,15 @@ import time
 
 import torch
 
-from model import KVCache, ModelConfig, Transformer, disable_cudnn_attention, resolve_device
-from sample import generate
-from config import TrainConfig
-from data import QuestionStream
-from template import template_of
-from train import Run, grpo_step
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the library's modules, from tools/
+from config import TrainConfig  # noqa: E402
+from grpo import configure_optimizer  # noqa: E402
+from model import KVCache, ModelConfig, Transformer, disable_cudnn_attention, resolve_device  # noqa: E402
+from rollout import QuestionStream  # noqa: E402
+from sample import generate  # noqa: E402
+from template import template_of  # noqa: E402
+from train import Run, grpo_step  # noqa: E402
 
 SHAPES = {  # Qwen2.5 shapes (config.json of each checkpoint); "tiny" is for the CPU
     "tiny": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128),
@@ -172,7 +175,7 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
         reference = Transformer(ours.config).to(device, dtype).eval().requires_grad_(False)
         reference.load_state_dict(policy.state_dict())
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    run = Run(policy=policy, sampler=sampler, reference=reference, optimizer=policy.configure_optimizer(cfg.lr),
+    run = Run(policy=policy, sampler=sampler, reference=reference, optimizer=configure_optimizer(policy, cfg.lr),
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template_of(cfg.template),
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
               autocast=autocast)
@@ -392,7 +395,7 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budge
             with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
                 try:
                     codes[name] = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                                 cwd=os.path.dirname(os.path.abspath(__file__))).returncode
+                                                 cwd=ROOT).returncode
                 except subprocess.TimeoutExpired:
                     codes[name] = f"timeout after {timeout:.0f} s"
             print(f"gpu_check: {name}: exit {codes[name]} after {time.time() - start:.0f} s", flush=True)
@@ -413,7 +416,7 @@ def gpu_check_plan(out_dir: str, tiny: bool, tokenizer: str) -> dict:
     plan = {"pytest_gpu": ([python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
                            + (["--collect-only"] if tiny else []), 600)}
     for shape in (("tiny",) if tiny else ("0.5b", "1.5b")):
-        plan[f"bench_{shape}"] = ([python, "bench.py", "--out", os.path.join(out_dir, f"bench_{shape}.json")]
+        plan[f"bench_{shape}"] = ([python, "tools/bench.py", "--out", os.path.join(out_dir, f"bench_{shape}.json")]
                                   + (["--tiny", "--skip", "trl"] if tiny else
                                      ["--shape", shape] + (["--skip", "trl"] if shape == "1.5b" else [])), 900)
     train_sizes = ["--prompts_per_step=2", "--group_size=2", "--max_new_tokens=8", "--micro_batch_size=4",

@@ -4,8 +4,8 @@ was made: an equivalent rewriting of the gold (True) or a near miss (False). The
 math_answers.is_equiv_math and, when it is installed (pip install math-verify), by Hugging Face's Math-Verify, the
 outside oracle of docs/math_checker.md.
 
-    python docs/math_pairs.py                       # the pairs, the agreement, every disagreement, the timing
-    python docs/math_pairs.py --out disagreements.jsonl
+    python tools/math_pairs.py                       # the pairs, the agreement, every disagreement, the timing
+    python tools/math_pairs.py --out disagreements.jsonl
 
 Rewritings: \\dfrac for \\frac, \\frac12 and \\sqrt3 for braced arguments, spacing, $...$, \\boxed{}, \\left( \\right),
 "x = " before a value and "x \\in" before an interval (and the reverse), \\text{} units, thousands separators,
@@ -29,7 +29,7 @@ from fractions import Fraction
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from math_answers import is_equiv_math  # noqa: E402  (the repository's module, from docs/)
+from math_answers import is_equiv_math  # noqa: E402  (the library's module, from tools/)
 
 MATH500 = os.path.join(ROOT, "data", "math500", "test.jsonl")
 PER_GOLD = 3  # rewritings and near misses an integer gold gets, of each label (the other golds get all that apply)

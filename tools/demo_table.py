@@ -2,8 +2,8 @@
 The commands behind docs/experiments.md's table for configs/demo.py: three warm starts (seeds 1337, 2, 3: data and
 initialisation), and from each two RL seeds of GRPO and of every baseline, at the same samples per step.
 
-    python docs/demo_table.py                      # runs what out/demo_table lacks (2 jobs at a time), then the table
-    python docs/demo_table.py --summary            # the table of the runs already there
+    python tools/demo_table.py                      # runs what out/demo_table lacks (2 jobs at a time), then the table
+    python tools/demo_table.py --summary            # the table of the runs already there
 
 Per warm start s: `python train.py configs/demo.py --seed=s` (the default command: warm start, then GRPO with RL seed
 s); then from its sft.pt, with --data_seed=s, GRPO with RL seed s+1 and each baseline with RL seeds s and s+1:
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plot import read_log as read  # noqa: E402  (the repository's modules, from docs/)
+from plot import read_log as read  # noqa: E402  (the library's modules, from tools/)
 BASELINES = {"rft": "demo_rft.py", "sft_answers": "demo_sft_answers.py", "sft_more": "demo_sft_more.py",
              "random": "demo_random.py"}
 METHODS = ("grpo", "rft", "sft_answers", "sft_more", "random")
