@@ -68,7 +68,7 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
     prompts_per_step: int = 32
     max_new_tokens: int = 512
     temperature: float = 1.0  # > 0; log-probs for the ratio use the same temperature (no top-p/top-k: on-policy)
-    # rewards, then the post-sampling stage (shaping.py)
+    # rewards, then the post-sampling stage (rollout.SHAPING)
     # {reward: weight}, the total is the weighted sum; a reward is "correctness", "format", "FILE.py:FUNCTION",
     # "model:NAME[:LABEL]" (a reward model) or "judge:NAME" (an LLM judge): see reward_models.py
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0, "format": 0.1})
@@ -77,8 +77,8 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
     # "auto" = "math" for dataset="math", else "gsm8k"
     answer_checker: str = "auto"
     random_reward: float = 0.0  # a control: correctness replaced by a coin landing 1 with this probability,
-    # independent of the answer (0 = off; shaping.random_reward); the logged accuracy stays the true one
-    overlong_buffer_len: int = 0  # DAPO's soft overlong punishment (shaping.overlong_penalty): 0 = off; else the
+    # independent of the answer (0 = off; rollout.random_reward); the logged accuracy stays the true one
+    overlong_buffer_len: int = 0  # DAPO's soft overlong punishment (rollout.overlong_penalty): 0 = off; else the
     overlong_penalty_factor: float = 1.0  # last N of max_new_tokens cost up to this much reward, linearly
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal and draw more questions
     max_num_gen_batches: int = 4  # dynamic sampling's cap: draws of prompts_per_step questions per step, the first

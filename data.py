@@ -483,7 +483,8 @@ def check_problem_values(a: dict):
     max_start = a["max_operand"] if a["max_start"] is None else a["max_start"]
     if not 1 <= a["min_ops"] <= a["max_ops"] or a["max_operand"] < 1 or max_start < 1:
         raise ValueError(f"need 1 <= min_ops <= max_ops, max_operand >= 1 and max_start >= 1, got min_ops="
-                         f"{a['min_ops']}, max_ops={a['max_ops']}, max_operand={a['max_operand']}, max_start={max_start}")
+                         f"{a['min_ops']}, max_ops={a['max_ops']}, max_operand={a['max_operand']}, "
+                         f"max_start={max_start}")
 
 
 def check_split_values(a: dict):

@@ -67,9 +67,10 @@ class ModelConfig:
         """A ValueError unless each prompt plus max_new_tokens fits the model's positions; it names the longest."""
         longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
         if len(prompts[longest]) + max_new_tokens > self.max_seq_len:
-            raise ValueError(f"prompt #{longest} is {len(prompts[longest])} tokens; with max_new_tokens={max_new_tokens} "
-                             f"that is {len(prompts[longest]) + max_new_tokens}, longer than the model's context of "
-                             f"{self.max_seq_len} tokens: lower max_new_tokens or use shorter prompts")
+            raise ValueError(f"prompt #{longest} is {len(prompts[longest])} tokens; with max_new_tokens="
+                             f"{max_new_tokens} that is {len(prompts[longest]) + max_new_tokens}, longer than the "
+                             f"model's context of {self.max_seq_len} tokens: lower max_new_tokens or use shorter "
+                             "prompts")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
@@ -173,7 +174,8 @@ class KVCache:
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.layer, self.n_heads, self.n_kv_heads, self.head_dim = layer, config.n_heads, config.n_kv_heads, config.head_dim
+        self.layer, self.n_heads, self.n_kv_heads = layer, config.n_heads, config.n_kv_heads
+        self.head_dim = config.head_dim
         self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)

@@ -275,7 +275,8 @@ def check_template(template: Template, answer_checker: str = "gsm8k"):
     """A ValueError unless the rules read completions written in template: a worked and an answer-only target in its
     tags get the format reward, the correctness reward for their answer only (read by answer_checker) and (the
     worked one) shows_work."""
-    worked, direct = template.prefix + template.target_text("3+4=7\n", "7"), template.prefix + template.target_text("", "7")
+    worked = template.prefix + template.target_text("3+4=7\n", "7")
+    direct = template.prefix + template.target_text("", "7")
     readable = (format_reward(worked, "7", template=template) == format_reward(direct, "7", template=template) == 1.0
                 and correctness_reward(worked, "7", template=template, answer_checker=answer_checker) == 1.0
                 and correctness_reward(worked, "8", template=template, answer_checker=answer_checker) == 0.0
@@ -419,7 +420,7 @@ def reflects(completion: str, template: Template = R1_ZERO, markers: tuple = REF
     """True if the completion's text before the template's think close ("</think>"; all of it, without one) holds
     one of markers as whole words, in any case: "check 30-4=26", "Wait, 12 is wrong" and "Let me double-check" do,
     "checked", "checklist" and "awaited" do not; a hyphen joins a word ("re-check" is not "check"). Logged as
-    reflect_rate (metrics.completion_flags)."""
+    reflect_rate (rollout.completion_flags)."""
     text = completion.partition(template.think[1])[0].lower()
     words = " " + " ".join("".join(c if c.isalnum() or c == "-" else " " for c in text).split()) + " "
     return any(f" {marker.lower()} " in words for marker in markers)

@@ -212,7 +212,8 @@ def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_
 
 # what a run writes in out_dir; --overwrite deletes these, and eval_NNNNN.jsonl, and nothing else
 RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
-             "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "hf.tmp", "ckpt_eval", "sft_eval", "tb", "wandb")
+             "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "hf.tmp", "ckpt_eval", "sft_eval", "tb",
+             "wandb")
 LOCK_FILE = "train.lock"  # there while a run holds out_dir (RunLock)
 BEFORE_THE_WARM_START_ENDS = ("config.json", "heldout.jsonl", "sft_log.jsonl")  # a new run replaces these unasked
 

@@ -65,8 +65,8 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast, stat
                warm_set: str = "", run_id: str = "") -> int:
     """cfg.sft_steps SFT steps on batches of cfg.sft_batch_size (prompt, target) token-id pairs drawn by a
     random.Random(cfg.seed), with its own AdamW; one JSON line per step appended to out_dir/sft_log.jsonl.
-    Resumable: every cfg.sft_checkpoint_every steps, when stop (a stopping.StopRequest) has a signal, and before an
-    exception in a step propagates (the previous step, when the failed one had not begun its update), the weights,
+    Resumable: every cfg.sft_checkpoint_every steps, when stop (a run_management.StopRequest) has a signal, and before
+    an exception in a step propagates (the previous step, when the failed one had not begun its update), the weights,
     optimizer and batch order go to out_dir/ckpt.pt (checkpoint.save_warm_start, with the warm-start set's
     fingerprint and the run's id); given that checkpoint's state (its weights already in model), the warm start goes
     on with the very steps an unstopped one takes. Returns the steps done: fewer than sft_steps when stopped."""

@@ -177,10 +177,12 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         warm, problems, heldout = load_problems(cfg)
         if cfg.method == "sft_more":  # the baseline that only continues the warm start, on the warm start's family
             problems = warm
-        encode = lambda rows: [encode_prompt(tokenizer, row["question"], template) for row in rows]
-        prompts, warming = encode(problems), state is None or state.get("phase") == "warm_start"
-        warm_prompts = (prompts if warm is problems else encode(warm)) if warming and cfg.warm_starts else []
-        every_prompt = prompts + (warm_prompts if warm_prompts is not prompts else []) + encode(heldout)
+        def encode(rows):
+            return [encode_prompt(tokenizer, row["question"], template) for row in rows]
+        prompts = encode(problems)
+        warming = cfg.warm_starts and (state is None or state.get("phase") == "warm_start")  # still to do, or to finish
+        warm_prompts = [] if not warming else prompts if warm is problems else encode(warm)
+        every_prompt = prompts + ([] if warm_prompts is prompts else warm_prompts) + encode(heldout)
         check_machine(cfg, device, model_config(cfg, len(tokenizer)), max(map(len, every_prompt)))
         rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)  # once per run
         policy = load_policy(cfg, state, tokenizer)
@@ -221,7 +223,8 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
 
 
 def main(argv: list[str]) -> dict:
-    """`python train.py CONFIG.py ... --key=value ...`: the config loaded and checked (a bad one refused), then train."""
+    """`python train.py CONFIG.py ... --key=value ...`: the config loaded and checked (a bad one refused), then
+    train."""
     with refusals():
         cfg = load_config(argv)
     return train(cfg)

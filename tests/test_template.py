@@ -9,8 +9,8 @@ from config import load_config
 from eval import main as eval_main
 from rewards import correctness_reward, extract_answer, format_reward, shows_work
 from sft import sft_text
-from template import (R1_ZERO, R1_ZERO_INSTRUCTION, TEMPLATES, CharTokenizer, encode_prompt, format_prompt, load_tokenizer,
-                      stop_sequences, template_of)
+from template import (R1_ZERO, R1_ZERO_INSTRUCTION, TEMPLATES, CharTokenizer, encode_prompt, format_prompt,
+                      load_tokenizer, stop_sequences, template_of)
 from test_guards import tiny
 
 # R1-Zero's prompt (DeepSeek-R1-Zero, table 1) as the repo wrote it before templates were objects: pinned, so the
