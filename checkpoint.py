@@ -26,7 +26,10 @@ def fingerprint(rows: list[dict]) -> str:
 def save_checkpoint(run, cfg, path: str, full: bool = True):
     """Write the run (full: everything --resume needs; else the weights eval.py needs) to path, atomically
     (write_checkpoint). Under torchrun every rank calls it and rank 0 writes whole tensors in the single-process
-    layout (FSDP2 shards gathered), so a run resumes under any number of ranks and either sharding."""
+    layout (FSDP2 shards gathered), so a run resumes under any number of ranks and either sharding. Nothing with
+    save_checkpoints=False."""
+    if not cfg.save_checkpoints:
+        return
     state = {"model": gathered_to_rank0(run.policy.state_dict()), "model_config": dataclasses.asdict(run.policy.config),
              "config": dataclasses.asdict(cfg), "step": run.step, "warm_set": run.warm_set, "run_id": run.run_id}
     if full:
@@ -41,7 +44,9 @@ def save_checkpoint(run, cfg, path: str, full: bool = True):
 def save_warm_start(policy, optimizer, cfg, warm_step: int, rng_state: tuple, warm_set: str, run_id: str, path: str):
     """A checkpoint in the middle of the warm start (phase "warm_start"): its weights, its optimizer and the state of
     its batch order after warm_step steps; --resume goes on from there (sft.warm_start). RL's step is 0. Rank 0
-    writes (the warm start runs whole on every rank)."""
+    writes (the warm start runs whole on every rank). Nothing with save_checkpoints=False."""
+    if not cfg.save_checkpoints:
+        return
     state = {"phase": "warm_start", "model": policy.state_dict(), "model_config": dataclasses.asdict(policy.config),
              "config": dataclasses.asdict(cfg), "step": 0, "warm_step": warm_step, "warm_rng": rng_state,
              "optimizer": optimizer.state_dict(), "warm_set": warm_set, "run_id": run_id}
@@ -116,12 +121,14 @@ def read_checkpoint(path: str) -> dict:
 
 
 def model_from_checkpoint(state: dict) -> Transformer:
-    """The fp32 model saved in a train.py checkpoint dict, with its LoRA adapters if the run had them."""
-    model, saved = Transformer(ModelConfig(**state["model_config"])), state["config"]
-    if saved.get("lora_rank", 0) > 0 and state.get("phase") != "warm_start":  # adapters come after the warm start
-        model.add_lora(saved["lora_rank"], saved["lora_alpha"], saved["lora_dropout"], tuple(saved["lora_targets"]))
-    model.load_state_dict(state["model"])
-    return model
+    """The fp32 model saved in a train.py checkpoint dict, with its LoRA adapters if the run had them: built on the
+    meta device and given the checkpoint's tensors (no random init of weights about to be overwritten, no copy)."""
+    config, saved = ModelConfig(**state["model_config"]), state["config"]
+    with torch.device("meta"):
+        model = Transformer(config)
+        if saved.get("lora_rank", 0) > 0 and state.get("phase") != "warm_start":  # adapters come after the warm start
+            model.add_lora(saved["lora_rank"], saved["lora_alpha"], saved["lora_dropout"], tuple(saved["lora_targets"]))
+    return model.assign_state(state["model"])
 
 
 def load_init_weights(policy: Transformer, path: str, warm: list[dict], check_warm_set: bool):

@@ -120,6 +120,8 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
     progress_keys: tuple = ("reward", "accuracy", "response_length", "kl", "loss")  # log keys on the progress bar
     reflection_markers: tuple = REFLECTION_MARKERS  # re-check phrases: reflect_rate (rewards.reflects) in the logs
     checkpoint_every: int = 50  # and at the end; 0 = only at the end
+    save_checkpoints: bool = True  # False: no ckpt.pt, sft.pt or hf/ export at all (a throwaway run, e.g. the
+    # gsm8k_shapes part of tools/bench.py --gpu_check): a stop or a crash then keeps nothing to resume from
     out_dir: str = "out/gsm8k"
     wandb_project: str = ""  # log every record to Weights & Biases under this project ("" = off; pip install wandb)
     tensorboard: bool = False  # and/or to TensorBoard, out_dir/tb (pip install tensorboard)
@@ -132,7 +134,9 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
     sharding: str = "ddp"  # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
     threads: int = 0  # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
     cuda_graphs: bool = True  # the sampler replays each decode step as a CUDA graph; False: the plain eager loop
-    # (the first thing to try if a GPU run misbehaves; the same tokens, slower)
+    # (the same tokens, slower). Tried on CUDA only; a capture that fails falls back to the eager loop by itself
+    fused_sampling: bool = True  # on CUDA, the sampler's fused Triton kernel draws the tokens; False: torch ops (other
+    # draws, the same distribution). A kernel that fails to build or launch falls back to the torch ops by itself
 
     @property
     def warm_starts(self) -> bool:
@@ -210,6 +214,8 @@ def validate(cfg: TrainConfig):
     need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
     need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
+    need(cfg.save_checkpoints or not cfg.resume, "resume goes on from out_dir/ckpt.pt, and save_checkpoints=False "
+                                                 "writes none")
     need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0, "ref_reset_every with LoRA is not supported: the reference "
                                                          "is the base model with the adapters off")
     need(cfg.sharding in ("ddp", "fsdp"), f"sharding must be 'ddp' or 'fsdp', got {cfg.sharding!r}")

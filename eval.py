@@ -26,7 +26,7 @@ from answers import ANSWER_CHECKERS, final_answer
 from checkpoint import load_model
 from data import load_problem_file
 from distributed import from_every_rank, rank, world_size
-from model import resolve_device
+from model import resolve_device, set_attention_backends
 from rewards import REFLECTION_MARKERS
 from rollout import completion_flags, rollout_seed, sample_and_score
 from run_management import check_reachable, command_line, hub_names, refusals
@@ -59,8 +59,8 @@ def mean_and_stderr(values: list[float]) -> tuple[float, float]:
 def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1, temperature: float = 0.0,
              ks: tuple[int, ...] = (1,), max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
              top_p: float = 1.0, top_k: int = 0, out_path: str | None = None, desc: str = "eval",
-             progress: bool = True, cuda_graphs: bool = True, answer_checker: str = "gsm8k",
-             reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
+             progress: bool = True, cuda_graphs: bool = True, fused_sampling: bool = True,
+             answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
     """Sample n completions per row ({"question", "gold"}) and score them; template: a template.Template, a
     TEMPLATES name or a dict; answer_checker: an answers.ANSWER_CHECKERS name. Returns {"pass@1", "pass@1_stderr"
     (over questions), "pass@k" for each k <= n, "format_rate", for each of rollout.completion_flags (worked, reflect)
@@ -73,7 +73,8 @@ def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1,
     if n > 1 and temperature == 0:
         raise ValueError("n > 1 samples at temperature 0 are n copies of the greedy answer: set --temperature")
     records = score_questions(model, tokenizer, rows, template, n, temperature, max_new_tokens, batch_size, seed,
-                              top_p, top_k, desc, progress, cuda_graphs, answer_checker, reflection_markers)
+                              top_p, top_k, desc, progress, cuda_graphs, fused_sampling, answer_checker,
+                              reflection_markers)
     if out_path:
         write_completions(records, out_path)
     return summarize(records, n, ks, temperature)
@@ -82,10 +83,11 @@ def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1,
 @torch.no_grad()
 def score_questions(model, tokenizer, rows: list[dict], template, n: int, temperature: float,
                     max_new_tokens: int, batch_size: int, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
-                    desc: str = "eval", progress: bool = True, cuda_graphs: bool = True,
+                    desc: str = "eval", progress: bool = True, cuda_graphs: bool = True, fused_sampling: bool = True,
                     answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS) -> list[dict]:
     """evaluate()'s sampling: one record {"question", "gold", "samples": [n verdicts]} per row, in row order (with
-    the row's "subject" and "level", where it has them)."""
+    the row's "subject" and "level", where it has them). A model with LoRA adapters samples on merged weights, as
+    train.py's rollouts do."""
     template = template_of(template)
     flags = completion_flags(template, reflection_markers)
     prompts = [encode_prompt(tokenizer, row["question"], template) for row in rows]
@@ -94,27 +96,33 @@ def score_questions(model, tokenizer, rows: list[dict], template, n: int, temper
     records = [None] * len(rows)
     was_training = model.training
     model.eval()
-    for start in tqdm(range(0, len(order), per_batch), desc=desc, disable=not progress, leave=False,
-                      dynamic_ncols=True):
-        chunk = order[start:start + per_batch]
-        # sampled: a seed per (question, sample), so the result does not depend on batch_size; greedy needs none
-        seeds = [rollout_seed(seed, i * n + s) for i in chunk for s in range(n)] if temperature > 0 else seed
-        samples = sample_and_score(model, tokenizer, [prompts[i] for i in chunk for _ in range(n)],
-                                   [rows[i]["gold"] for i in chunk for _ in range(n)], template, max_new_tokens,
-                                   temperature, seeds, weights={}, top_p=top_p, top_k=top_k, cuda_graphs=cuda_graphs,
-                                   answer_checker=answer_checker)
-        for j, i in enumerate(chunk):
-            records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"],
-                          **{key: rows[i][key] for key in BREAKDOWNS if key in rows[i]}, "samples": [
-                {"completion": samples.texts[s],
-                 "answer": final_answer(template.prefix + samples.texts[s], template, answer_checker),
-                 "correct": samples.components["correctness"][s] == 1.0,
-                 "format": samples.components["format"][s] == 1.0,
-                 **{name: flag(samples.texts[s]) for name, flag in flags.items()},
-                 "length": len(samples.completions[s]), "truncated": not samples.stopped[s]}
-                for s in range(j * n, (j + 1) * n)]}
+    with model.lora_merged():
+        for start in tqdm(range(0, len(order), per_batch), desc=desc, disable=not progress, leave=False,
+                          dynamic_ncols=True):
+            chunk = order[start:start + per_batch]
+            # sampled: a seed per (question, sample), so the result does not depend on batch_size; greedy needs none
+            seeds = [rollout_seed(seed, i * n + s) for i in chunk for s in range(n)] if temperature > 0 else seed
+            samples = sample_and_score(model, tokenizer, [prompts[i] for i in chunk for _ in range(n)],
+                                       [rows[i]["gold"] for i in chunk for _ in range(n)], template, max_new_tokens,
+                                       temperature, seeds, weights={}, top_p=top_p, top_k=top_k,
+                                       cuda_graphs=cuda_graphs, fused_sampling=fused_sampling,
+                                       answer_checker=answer_checker)
+            for j, i in enumerate(chunk):
+                verdicts = [verdict(samples, s, template, answer_checker, flags) for s in range(j * n, (j + 1) * n)]
+                records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"],
+                              **{key: rows[i][key] for key in BREAKDOWNS if key in rows[i]}, "samples": verdicts}
     model.train(was_training)
     return records
+
+
+def verdict(samples, s: int, template, answer_checker: str, flags: dict) -> dict:
+    """Row s of samples (rollout.Samples) as eval.py writes it: the completion, the answer read, whether it is
+    correct and well formatted, each completion flag, its length and whether it was truncated."""
+    text = samples.texts[s]
+    return {"completion": text, "answer": final_answer(template.prefix + text, template, answer_checker),
+            "correct": samples.components["correctness"][s] == 1.0, "format": samples.components["format"][s] == 1.0,
+            **{name: flag(text) for name, flag in flags.items()}, "length": len(samples.completions[s]),
+            "truncated": not samples.stopped[s]}
 
 
 def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: float) -> dict:
@@ -184,11 +192,10 @@ def held_out_eval(run, cfg, tracker) -> float:
     eval.jsonl (tracker); under torchrun each rank scores a slice and all see every record."""
     n, world = len(run.heldout), world_size()
     mine = run.heldout[rank() * n // world:(rank() + 1) * n // world]
-    with run.sampler.lora_merged():
-        records = score_questions(run.sampler, run.tokenizer, mine, run.template, 1, 0.0, cfg.max_new_tokens,
-                                  cfg.eval_batch_size, desc=f"eval@{run.step}", progress=rank() == 0,
-                                  cuda_graphs=cfg.cuda_graphs, answer_checker=cfg.answer_checker,
-                                  reflection_markers=cfg.reflection_markers)
+    records = score_questions(run.sampler, run.tokenizer, mine, run.template, 1, 0.0, cfg.max_new_tokens,
+                              cfg.eval_batch_size, desc=f"eval@{run.step}", progress=rank() == 0,
+                              cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,
+                              answer_checker=cfg.answer_checker, reflection_markers=cfg.reflection_markers)
     records = [record for part in from_every_rank(records) for record in part]
     result = summarize(records, n=1, ks=(1,), temperature=0.0)
     if rank() != 0:
@@ -222,10 +229,13 @@ def main(argv=None):
                         "(default: the checkpoint's, or rewards.REFLECTION_MARKERS)")
     parser.add_argument("--gguf_file", default="", help="a GGUF file inside --model (a dir or hub repo) to load")
     parser.add_argument("--limit", type=int, default=0, help="evaluate only the first L questions (0 = all)")
-    parser.add_argument("--batch_size", type=int, default=64, help="completions per generate call")
+    parser.add_argument("--batch_size", type=int, default=0, help="completions per generate call (default: the "
+                        "checkpoint's eval_batch_size, as its run's evaluations batched them, or 64)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available) | cuda | cpu")
     parser.add_argument("--no_cuda_graphs", action="store_true", help="decode with the plain eager loop on CUDA")
+    parser.add_argument("--no_fused_sampling", action="store_true", help="sample with torch ops, not the fused Triton "
+                        "kernel, on CUDA")
     parser.add_argument("--out", default="", help="output dir (default: CKPT_eval/ beside a .pt, else out/eval/NAME)")
     args = parser.parse_args(argv)
 
@@ -234,20 +244,23 @@ def main(argv=None):
     ks = tuple(int(k) for k in args.k.split(","))
     if args.n < 1 or any(k < 1 or k > args.n for k in ks):
         parser.error(f"need n >= 1 and every k between 1 and n={args.n}, got --n {args.n} --k {args.k}")
-    if args.limit < 0 or args.batch_size < 1:
-        parser.error(f"need --limit >= 0 and --batch_size >= 1, got {args.limit} and {args.batch_size}")
+    if args.limit < 0 or args.batch_size < 0:
+        parser.error(f"need --limit >= 0 and --batch_size >= 0 (0: the checkpoint's), got {args.limit} and "
+                     f"{args.batch_size}")
     if not os.path.isfile(args.data):
         parser.error(f"--data {args.data}: no such file")
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     with refusals():  # a malformed data file, no network for a model not in the cache, ...: refused in a few lines
         rows = load_problem_file(args.data)[:args.limit or None]
         device, dtype = resolve_device(args.device)
+        set_attention_backends(device)  # as train.py computes, so that a checkpoint scores as its run's evaluations
         check_reachable(hub_names(argparse.Namespace(model=args.model, tokenizer=args.tokenizer,
                                                      gguf_file=args.gguf_file, reward_weights={})), "eval.py")
         model, tokenizer, run_config = load_model(args.model, dtype, args.tokenizer, args.gguf_file)
         template = template_of(args.template or run_config.get("template", "r1_zero"))  # a checkpoint holds its own
     model.to(device)
     max_new_tokens = args.max_new_tokens or run_config.get("max_new_tokens", 512)
+    batch_size = args.batch_size or run_config.get("eval_batch_size", 64)
     answer_checker = args.answer_checker if args.answer_checker != "auto" else \
         "math" if rows and "level" in rows[0] else run_config.get("answer_checker", "gsm8k")
     markers = tuple(m.strip() for m in args.reflection_markers.split(",") if m.strip()) if args.reflection_markers \
@@ -258,9 +271,10 @@ def main(argv=None):
         out_dir = args.out or os.path.join("out", "eval", os.path.basename(os.path.normpath(args.model)))
     os.makedirs(out_dir, exist_ok=True)
     summary = evaluate(model, tokenizer, rows, template=template, n=args.n, temperature=temperature, ks=ks,
-                       max_new_tokens=max_new_tokens, batch_size=args.batch_size, seed=args.seed, top_p=args.top_p,
+                       max_new_tokens=max_new_tokens, batch_size=batch_size, seed=args.seed, top_p=args.top_p,
                        top_k=args.top_k, out_path=os.path.join(out_dir, "completions.jsonl"),
-                       cuda_graphs=not args.no_cuda_graphs, answer_checker=answer_checker, reflection_markers=markers)
+                       cuda_graphs=not args.no_cuda_graphs, fused_sampling=not args.no_fused_sampling,
+                       answer_checker=answer_checker, reflection_markers=markers)
     summary.update(model=args.model, data=args.data, template=template.name or dataclasses.asdict(template),
                    answer_checker=answer_checker, reflection_markers=markers)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:

@@ -144,10 +144,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalise in fp32, scale in the input dtype: the order the checkpoints were trained with
+        # normalise in fp32, scale in the input dtype (the weight too, so that fp32 master weights under autocast
+        # compute as their bf16 copy does): the order the checkpoints were trained with
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight.to(x.dtype) * xf.to(x.dtype)
 
 
 class KVCache:
@@ -196,9 +197,21 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             y = y.reshape(B, self.n_heads, 1, self.head_dim)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=group > 1)
+            k, v, gqa = attention_kv(k, v, group, mask is not None, x.device.type)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def attention_kv(k, v, group: int, masked: bool, device_type: str):
+    """The keys and values SDPA gets for a multi-token call, and whether SDPA broadcasts grouped (GQA) kv heads
+    itself. On CUDA under a mask no fused kernel takes grouped heads (flash takes no mask, memory-efficient no GQA
+    broadcast; cuDNN is off, set_attention_backends), so SDPA would fall back to its math backend and materialise fp32
+    scores [B, heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is repeated for its query group
+    instead, which reaches the memory-efficient kernel for one layer's repeated K and V. On the CPU the forward is the
+    same either way, but the backward's K/V gradient sums would round differently: broadcasting is kept there."""
+    if group > 1 and masked and device_type == "cuda":
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
+    return k, v, group > 1
 
 
 class MLP(nn.Module):
@@ -428,6 +441,8 @@ class Transformer(nn.Module):
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2] in fp32, as the checkpoints do
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         x = self.embed(ids)
+        if torch.is_autocast_enabled(x.device.type):  # the residual stream, norms and RoPE in the autocast dtype, as
+            x = x.to(torch.get_autocast_dtype(x.device.type))  # in the bf16 sampler and reference: one numerics
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         for block in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
@@ -467,11 +482,16 @@ class Transformer(nn.Module):
     def _from_state(cls, config: ModelConfig, hf_state: dict, dtype, device) -> "Transformer":
         with torch.device("meta"):  # no random init of weights that are about to be overwritten
             model = cls(config)
-        model.load_state_dict(_from_hf_names(hf_state, config), strict=True, assign=True)
-        if config.tie_embeddings:
-            model.lm_head.weight = model.embed.weight
-        model.inv_freq = rope_inv_freq(config)  # buffers are not in the checkpoint: leave the meta device
-        return model.to(device=device, dtype=dtype)
+        return model.assign_state(_from_hf_names(hf_state, config)).to(device=device, dtype=dtype)
+
+    def assign_state(self, state: dict) -> "Transformer":
+        """A model built on the meta device takes state's tensors as its own (strict: every one named, no copy), its
+        head tied again where the config ties it, and its RoPE frequencies made anew; returns self."""
+        self.load_state_dict(state, strict=True, assign=True)
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.inv_freq = rope_inv_freq(self.config)  # buffers are not in the checkpoint: leave the meta device
+        return self
 
 
 def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
@@ -511,12 +531,14 @@ def check_settings(cfg):
     resolve_device(cfg.device, cfg.dtype)
 
 
-def disable_cudnn_attention():
-    """Keep SDPA off cuDNN on CUDA (flash and memory-efficient attention remain): with torch >= 2.11 cuDNN is the
-    default for masked bf16 attention, and its backward has returned NaN in grad_q for GQA when a mask is passed,
-    T % 128 == 64 and some attention row is extremely negative (pytorch issue 196678). Every training forward here
-    passes a mask and T varies per micro-batch. train.setup and bench.py call it on CUDA."""
-    torch.backends.cuda.enable_cudnn_sdp(False)
+def set_attention_backends(device: torch.device):
+    """SDPA's backends for every program on this device (train.py, eval.py, tools/bench.py), so that their scores
+    agree: on CUDA, cuDNN attention off (flash and memory-efficient attention remain; attention_kv reaches the
+    latter under a mask). With torch >= 2.11 cuDNN is the default for masked bf16 attention, and its backward has
+    returned NaN in grad_q for GQA when a mask is passed, T % 128 == 64 and some attention row is extremely negative
+    (pytorch issue 196678); every training forward here passes a mask and T varies per micro-batch."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _download(name: str) -> str:

@@ -109,16 +109,17 @@ class Samples:
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: Template,
                      max_new_tokens: int, temperature: float, seed: int | list[int], weights: dict[str, float],
                      top_p: float = 1.0, top_k: int = 0, questions: list[str] | None = None, functions=None,
-                     process: bool = False, cuda_graphs: bool = True, answer_checker: str = "gsm8k") -> Samples:
+                     process: bool = False, cuda_graphs: bool = True, fused_sampling: bool = True,
+                     answer_checker: str = "gsm8k") -> Samples:
     """Sample one completion per prompt, ending at an end-of-text token or the template's answer close tag, decode it
     and score it against its gold answer: weights names the rewards, functions holds the config's own
     (reward_models.load_rewards), questions the problems' text they may read; answer_checker (answers.ANSWER_CHECKERS)
     how correctness reads and compares answers. process: also the claims' rewards of process supervision.
-    cuda_graphs=False: the sampler's plain eager decode loop on CUDA."""
+    cuda_graphs, fused_sampling: the sampler's GPU-only fast paths (sample.generate)."""
     end_of_text, start = set(stop_token_ids(tokenizer)), time.perf_counter()
     rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                        stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id,
-                       cuda_graphs=cuda_graphs)
+                       cuda_graphs=cuda_graphs, fused_sampling=fused_sampling)
     tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
     logprobs = [row[:n] for row, n in zip(rollout.logprobs.tolist(), lengths)]
     completions, sampled = [row[:n] for row, n in zip(tokens, lengths)], time.perf_counter()
@@ -178,7 +179,7 @@ def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
                                    cfg.temperature, seed, cfg.reward_weights,
                                    questions=[run.problems[i]["question"] for i in rows], functions=run.rewards,
                                    process=cfg.supervision != "outcome", cuda_graphs=cfg.cuda_graphs,
-                                   answer_checker=cfg.answer_checker)
+                                   fused_sampling=cfg.fused_sampling, answer_checker=cfg.answer_checker)
     samples.problems = rows
     for shape in SHAPING:
         shape(samples, cfg, seed)

@@ -40,6 +40,7 @@ from distributed import barrier, from_every_rank, rank, world_size
 from grpo import optimizer_updates
 from model import KVCache, ModelConfig, Transformer
 from rewards import parse_reward_name
+from sample import prefill_nbytes
 
 # -----------------------------------------------------------------------------
 # refusals: a bad input before any work
@@ -153,12 +154,18 @@ def model_config(cfg, vocab_size: int) -> ModelConfig | None:
         return ModelConfig.from_hf(json.load(f))
 
 
+PHASES = {"sampling": ("KV cache", "prefill"), "update": ("gradients", "logits chunk")}  # memory_bytes' parts; the
+# others are held through the whole run
+
+
 def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
-    """What a run's step holds in accelerator memory at least, by part, in bytes: only what a step cannot do without,
-    so that a refusal never stops a run that would fit: the fp32 master weights (4 B/param), their gradients and
-    AdamW state (12 B per trained param), the sampler's and the reference's bf16 copies (2 B/param each, when there
-    are), the sampler's KV cache and one chunk of logits. Activations come on top (grad_checkpointing and
-    micro_batch_size bound them); memory_gb in log.jsonl measures it all."""
+    """What a run holds in accelerator memory at least, by part, in bytes: only what it cannot do without, so that a
+    refusal never stops a run that would fit. Held throughout: the fp32 master weights (4 B/param), the AdamW state
+    (8 B per trained param), the sampler's and the reference's bf16 copies (2 B/param each, when there are). While
+    sampling (PHASES): the KV cache and the prefill (sample.prefill_nbytes) of the larger of a training
+    step's rows and an evaluation's batch, at the longest prompt prompt_len. While updating: the gradients (4 B per
+    trained param) and one chunk of logits. Activations come on top (grad_checkpointing and micro_batch_size bound
+    them); memory_gb in log.jsonl measures it all."""
     with torch.device("meta"):  # counted, not allocated
         model = Transformer(config)
         params = model.num_params()
@@ -166,22 +173,39 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
             model.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     low = cfg.dtype != "float32"  # the sampler and the reference are bf16 copies on a GPU
-    rows = cfg.prompts_per_step * cfg.group_size // world_size()
-    return {"fp32 weights": 4 * params, "gradients and AdamW": 12 * trained,
+    sampler_dtype = torch.bfloat16 if low else torch.float32
+    rows = max(cfg.prompts_per_step * cfg.group_size // world_size(), cfg.eval_batch_size)
+    return {"fp32 weights": 4 * params, "AdamW state": 8 * trained,
             "sampler copy": 2 * params if low else 0,
             "reference copy": 2 * params if low and cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo" else 0,
-            "KV cache": KVCache.nbytes(config, rows, prompt_len + cfg.max_new_tokens, torch.bfloat16),
-            "logits chunk": 2 * 4 * cfg.logprob_chunk * config.vocab_size}
+            "KV cache": KVCache.nbytes(config, rows, prompt_len + cfg.max_new_tokens, sampler_dtype),
+            "prefill": prefill_nbytes(config, rows, prompt_len, sampler_dtype),
+            "gradients": 4 * trained, "logits chunk": 2 * 4 * cfg.logprob_chunk * config.vocab_size}
+
+
+def memory_need(parts: dict[str, int]) -> int:
+    """The peak of memory_bytes' parts: what is held, and the larger of the two phases (they never overlap)."""
+    phases = [sum(parts[name] for name in names) for names in PHASES.values()]
+    held = sum(value for name, value in parts.items() if not any(name in names for names in PHASES.values()))
+    return held + max(phases)
+
+
+def memory_estimate(parts: dict[str, int]) -> str:
+    """memory_need(parts) in words, with its parts: held, and each phase's."""
+    phased = {name for names in PHASES.values() for name in names}
+    listed = lambda names: ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])  # noqa: E731
+    return (f"{size(memory_need(parts))} at least (held: {listed([n for n in parts if n not in phased])}; then the "
+            f"larger of sampling: {listed(PHASES['sampling'])}, and the update: {listed(PHASES['update'])})")
 
 
 def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_len: int, program: str = "train.py"):
-    """A config sized for a GPU on a machine without one, a GPU without room for what a step cannot do without, or
-    a disk without room for the run's checkpoints: an error saying what it needs and what to change."""
+    """A config sized for a GPU on a machine without one, a GPU without room for what a run cannot do without
+    (memory_bytes), or a disk without room for the run's checkpoints: an error saying what it needs and what to
+    change."""
     if config is None:
         return
     parts = memory_bytes(config, cfg, prompt_len)
-    need, params = sum(parts.values()), parts["fp32 weights"] // 4
-    estimate = f"{size(need)} at least ({', '.join(f'{k} {size(v)}' for k, v in parts.items() if v)})"
+    need, params, estimate = memory_need(parts), parts["fp32 weights"] // 4, memory_estimate(parts)
     if device.type == "cpu" and cfg.device == "auto" and params >= CPU_PARAMS:
         raise RuntimeError(
             f"{cfg.model} ({params / 1e9:.2f}B parameters) is sized for a GPU: a step needs {estimate}, activations "
@@ -192,13 +216,15 @@ def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_
         free, total = torch.cuda.mem_get_info(device)
         if need > free:
             raise RuntimeError(
-                f"{device} has {size(free)} free of {size(total)}, and a step of this config needs {estimate}, "
-                "activations aside. Lower what takes most: prompts_per_step or group_size or max_new_tokens (the KV "
-                "cache), beta=0 (no reference copy), lora_rank=16 (adapters alone train: no full gradients or AdamW "
-                "state), logprob_chunk, or a smaller model; a run that starts and then runs out of memory in a step "
-                "also wants micro_batch_size lower and grad_checkpointing=True")
-    checkpoint = 4 * params + 8 * (parts["gradients and AdamW"] // 12) + parts["reference copy"]
+                f"{device} has {size(free)} free of {size(total)}, and this config needs {estimate}, activations "
+                "aside. Lower what takes most: prompts_per_step or group_size (the rows sampled at once: KV cache and "
+                "prefill), max_new_tokens (the KV cache), eval_batch_size, shorter prompts (the prefill), beta=0 (no "
+                "reference copy), lora_rank=16 (adapters alone train: no full gradients or AdamW state), "
+                "logprob_chunk, or a smaller model; a run that starts and then runs out of memory in a step also "
+                "wants micro_batch_size lower and grad_checkpointing=True")
+    checkpoint = 4 * params + parts["AdamW state"] + parts["reference copy"]
     disk = 2 * checkpoint + (4 * params if cfg.warm_starts else 0) + 4 * params  # old + new ckpt.pt, sft.pt, hf/
+    disk *= cfg.save_checkpoints
     target = cfg.out_dir if os.path.isdir(cfg.out_dir) else os.path.dirname(os.path.abspath(cfg.out_dir))
     free = shutil.disk_usage(target).free
     if disk > free:
@@ -440,10 +466,15 @@ def resume_command() -> str:
     return f"torchrun [its options] {command.removeprefix('python ')}" if world_size() > 1 else command
 
 
-def report_stop(signal_name: str, where: str, path: str):
+def report_stop(signal_name: str, where: str, cfg):
     """Say that a signal stopped the run after `where` (a step), what holds it and how to go on (rank 0)."""
-    if rank() == 0:
-        tqdm.write(f"{signal_name}: stopped after {where}; {path} holds it. Continue with: {resume_command()}")
+    if rank() != 0:
+        return
+    if not cfg.save_checkpoints:
+        tqdm.write(f"{signal_name}: stopped after {where}; nothing was saved (save_checkpoints=False)")
+        return
+    tqdm.write(f"{signal_name}: stopped after {where}; {os.path.join(cfg.out_dir, 'ckpt.pt')} holds it. Continue "
+               f"with: {resume_command()}")
 
 
 @contextlib.contextmanager
@@ -455,7 +486,9 @@ def saved_on_failure(run, cfg, step: int, path: str):
     try:
         yield
     except Exception as error:
-        if optimizer_updates(run.optimizer) != updates:
+        if not cfg.save_checkpoints:
+            saved = "nothing is saved (save_checkpoints=False)"
+        elif optimizer_updates(run.optimizer) != updates:
             saved = f"the step had updated the weights, so {path} keeps the last checkpoint written"
         elif dist.is_initialized() and cfg.sharding == "fsdp":  # gathering the shards would wait for the other ranks
             saved = f"under FSDP2 nothing is saved after a failure; {path} keeps the last checkpoint written"
@@ -463,7 +496,8 @@ def saved_on_failure(run, cfg, step: int, path: str):
             run.stream.load_state_dict(stream_state)
             save_checkpoint(run, cfg, path)
             saved = f"stopped before the update, so {path} keeps the last good weights, those of step {run.step}"
-        saved += f". Continue with: {resume_command()}"
+        if cfg.save_checkpoints:
+            saved += f". Continue with: {resume_command()}"
         if isinstance(error, torch.OutOfMemoryError):  # the measured need: memory_gb, each step's peak in log.jsonl
             saved += (". Out of memory in a step: lower micro_batch_size or set grad_checkpointing=True (activations), "
                       "lower logprob_chunk (logits), prompts_per_step, group_size or max_new_tokens (the KV cache)")

@@ -1,16 +1,23 @@
 """Batched sampling with a preallocated KV cache: the rollout engine of GRPO and of evaluation.
 
-generate() left-pads ragged prompts, prefills them in one forward pass, then decodes one token for every row
-per step. On CUDA a whole decode step (model, sampling, bookkeeping) is one CUDA graph replay with no host
-sync; the host looks at the batch only every CHECK_EVERY steps, to end when every row has stopped and to drop
-finished rows from the batch and the cache once half of them have. Attention reads only the first L cache
+generate() left-pads ragged prompts, prefills them (in one forward pass, or in pieces of rows when rows x length
+passes PREFILL_TOKENS), then decodes one token for every row per step. On CUDA a whole decode step (model,
+sampling, bookkeeping) is one CUDA graph replay with no host sync; the host looks at the batch only every
+CHECK_EVERY steps, to end when every row has stopped and to drop finished rows from the batch and the cache once
+half of them have. Attention reads only the first L cache
 slots, L rounded up to a multiple of BUCKET (one graph per bucket), so early steps don't read the whole cache.
+
+The two GPU-only fast paths, CUDA graphs and the fused Triton sampling kernel (config keys cuda_graphs and
+fused_sampling), fall back to the eager torch path, the one the CPU tests run, on their first failure (a compile,
+a launch, a capture): one line says so, and the path stays off for the rest of the process (fall_back).
 
 Log-probs are those of log_softmax(logits / T) in fp32, before top-p/top-k truncation: with top_p < 1 or
 top_k > 0 tokens are drawn from the truncated distribution, so the samples are off-policy with respect to
 these log-probs (and to the policy the trainer scores).
 """
+import contextlib
 import copy
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +32,19 @@ except ImportError:
 
 BUCKET = 128  # attended cache length is rounded up to a multiple of this: one CUDA graph per bucket
 CHECK_EVERY = 16  # decode steps between host syncs (all rows stopped? compact the batch?)
+PREFILL_TOKENS = 2 ** 17  # rows x padded prompt length per prefill forward: bounds the prefill's activations
+FAST_PATH_DEVICES = ("cuda",)  # where CUDA graphs and the Triton kernel are tried
+FALLEN_BACK = set()  # the fast paths that failed in this process: off from then on (fall_back)
+
+
+def fall_back(path: str, switch: str, error: Exception):
+    """A GPU-only fast path failed: say so once, in one line, and keep it off for the rest of the process; the caller
+    goes on with the eager torch path."""
+    if path not in FALLEN_BACK:
+        FALLEN_BACK.add(path)
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        print(f"sample.py: {path} failed ({type(error).__name__}: {reason}); going on with the eager torch path "
+              f"({switch}=False skips it)", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -55,16 +75,20 @@ def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
     return keep
 
 
-def sample_next(logits, temperature, top_p, top_k, generator):
+def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
     """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before truncation).
     generator: one torch.Generator, or a list of B (row b's noise from generator[b]: per-row seeds).
 
     temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T - log E) with
-    E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in a CUDA graph.
+    E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in a CUDA graph. fused: on
+    CUDA, the fused Triton kernel where it applies (falling back to the torch ops below if it fails).
     """
     one_generator = isinstance(generator, torch.Generator)
-    if logits.is_cuda and triton is not None and temperature > 0 and top_p == 1 and top_k == 0 and one_generator:
-        return _fused_gumbel_sample(logits, temperature, generator)
+    if fused and one_generator and _fused_possible(logits, temperature, top_p, top_k):
+        try:
+            return _fused_gumbel_sample(logits, temperature, generator)
+        except Exception as error:  # Triton builds its launcher with a C compiler on first use; a launch can fail
+            fall_back("the fused Triton sampling kernel", "fused_sampling", error)
     logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
     if temperature == 0:
         ids = logprobs.argmax(-1)
@@ -98,6 +122,13 @@ if triton is not None:
         tl.store(chunk_sumexp + out, tl.sum(tl.exp(x - top), 0))
         tl.store(chunk_score + out, tl.max(noisy, 0))
         tl.store(chunk_id + out, chunk * BLOCK + tl.argmax(noisy, 0))
+
+
+def _fused_possible(logits, temperature, top_p, top_k) -> bool:
+    """Whether the fused kernel applies: Triton importable, logits on a fast-path device, plain tempered sampling, and
+    the kernel not fallen back from in this process."""
+    return (triton is not None and logits.device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
+            and top_k == 0 and "the fused Triton sampling kernel" not in FALLEN_BACK)
 
 
 def _fused_gumbel_sample(logits, temperature, generator, block=4096):
@@ -139,7 +170,8 @@ class _Decoder:
 
     def record(self, logits):
         """Sample from logits [b, V] into output column n; rows already done get pad_id and log-prob 0."""
-        ids, logprobs = sample_next(logits, *self.sampling, self.generator)
+        temperature, top_p, top_k, fused = self.sampling
+        ids, logprobs = sample_next(logits, temperature, top_p, top_k, self.generator, fused)
         ids, logprobs = ids.masked_fill(self.done, self.pad_id), logprobs.masked_fill(self.done, 0.0)
         column = (self.rows, self.n.expand_as(self.rows))
         self.tokens.index_put_(column, ids)
@@ -168,25 +200,73 @@ class _Decoder:
             self.generator = [self.generator[i] for i in keep.tolist()]
 
 
-def prefix_view(cache: KVCache, length: int) -> KVCache:
-    """The first `length` slots of `cache`, sharing its memory: attention then reads only those."""
+def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
+    """The first `length` slots of `cache` (of these rows), sharing its memory: attention then reads only those."""
     view = copy.copy(cache)
-    view.k, view.v, view.max_len = cache.k[..., :length, :], cache.v[..., :length, :], length
+    view.k, view.v, view.max_len = cache.k[:, rows, :, :length], cache.v[:, rows, :, :length], length
     return view
 
 
-def _captured(step, generator, stream):
-    """Run step() once for real (also the warm-up), then capture it in a CUDA graph; returns its replay."""
+def prefill_nbytes(config, batch_size: int, prompt_len: int, dtype: torch.dtype) -> int:
+    """The transient memory of generate's prefill of batch_size prompts of prompt_len tokens (a rollout's largest
+    forward), in bytes, at least: for the rows of one prefill forward (PREFILL_TOKENS), the larger of one layer's
+    attention (q, K and V repeated to every head as model.attention_kv does on CUDA, its output) and its MLP (two
+    activations of ffn_dim and their product), the residual stream and its normed copy; and every row's last-position
+    logits (in dtype, in fp32, the sampling noise)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    tokens = min(batch_size, max(1, PREFILL_TOKENS // prompt_len)) * prompt_len
+    attention = 4 * tokens * config.n_heads * config.head_dim * elem
+    mlp = 3 * tokens * config.ffn_dim * elem
+    return max(attention, mlp) + 2 * tokens * config.dim * elem + batch_size * config.vocab_size * (elem + 8)
+
+
+GRAPH_RESOURCES = {}  # device -> (side stream, memory pool): one of each serves every capture of the process
+
+
+def _captured(step, generator, device):
+    """Run step() once for real (a warm-up that decodes this step's token), then capture it in a CUDA graph, both on
+    the capture's side stream; returns the graph's replay, or None when the capture failed (fall_back: the caller
+    goes on eagerly)."""
+    with _graph_stream(device) as pool:
+        step()
+        try:
+            return _capture(step, generator, pool)
+        except Exception as error:
+            fall_back("CUDA graphs", "cuda_graphs", error)
+            return None
+
+
+@contextlib.contextmanager
+def _graph_stream(device):
+    """Inside: the side stream that every capture (and its warm-up) runs on; yields the memory pool every capture
+    shares. Both are made once per device, so the memory graphs reserve is reused from rollout to rollout instead of
+    growing (a graph is replayed only until the next one is captured, never after: sharing its pool is safe)."""
+    if device not in GRAPH_RESOURCES:
+        GRAPH_RESOURCES[device] = (torch.cuda.Stream(device), torch.cuda.graph_pool_handle())
+    stream, pool = GRAPH_RESOURCES[device]
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    try:
+        with torch.cuda.stream(stream):
+            yield pool
+    finally:
+        torch.cuda.current_stream().wait_stream(stream)
+
+
+def _capture(step, generator, pool):
+    """step() captured in a CUDA graph in pool, each replay drawing fresh noise from generator; returns its replay. A
+    failure inside the capture ends it before the error propagates, so the stream is usable again (for the eager
+    path, and for the checkpoint that a failing step writes)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(generator)
+    graph.capture_begin(pool=pool)  # not torch.cuda.graph(): its gc.collect() per capture costs more than a step
+    try:
         step()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(generator)  # each replay draws fresh noise from our generator
-        graph.capture_begin()  # not torch.cuda.graph(): its gc.collect() per capture costs more than a step
-        step()
-        graph.capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the step's error is the story, not the aborted capture's
+            graph.capture_end()
+        raise
+    graph.capture_end()
     return graph.replay
 
 
@@ -223,19 +303,24 @@ def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
     return table
 
 
-def _check_memory(config, batch, max_len, dtype, device):
+def _check_memory(config, batch, prompt_len, max_len, dtype, device):
+    """On CUDA, a ValueError before any work unless the KV cache and the prefill (prefill_nbytes) fit the free
+    memory."""
     if device.type != "cuda":
         return
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    need = KVCache.nbytes(config, batch, max_len, dtype)
-    if need > free:
-        raise ValueError(f"the KV cache for {batch} rows x {max_len} slots needs {need / 2**30:.2f} GiB but only "
-                         f"{free / 2**30:.2f} GiB of GPU memory is free: lower the batch size or max_new_tokens")
+    cache = KVCache.nbytes(config, batch, max_len, dtype)
+    prefill = prefill_nbytes(config, batch, prompt_len, dtype)
+    if cache + prefill > free:
+        raise ValueError(f"the KV cache for {batch} rows x {max_len} slots ({cache / 2**30:.2f} GiB) and the prefill "
+                         f"of {prompt_len}-token prompts ({prefill / 2**30:.2f} GiB) need more than the "
+                         f"{free / 2**30:.2f} GiB of GPU memory free: lower the batch size, the prompts' length or "
+                         "max_new_tokens")
 
 
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(),
-             seed=None, pad_id=0, cuda_graphs=True) -> Rollout:
+             seed=None, pad_id=0, cuda_graphs=True, fused_sampling=True) -> Rollout:
     """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens sampled tokens.
 
     A row ends right after it generates the last id of a stop sequence (a list of ids, such as the tokens of
@@ -244,13 +329,15 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     greedy; top_p / top_k truncate the sampling distribution (off-policy, see the module docstring). Same seed,
     same device -> same output; seed None draws a fresh one. seed may also be a list, one per prompt: each row
     then draws from its own generator, so its samples do not depend on the other rows of the batch (this runs the
-    eager loop). cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does).
+    eager loop). cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does); fused_sampling=False
+    samples with torch ops instead of the fused Triton kernel. Either fast path falls back to the eager one by itself
+    when it fails (module docstring).
     """
     _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
     batch, prompt_len = len(prompts), max(len(p) for p in prompts)
     max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8 keeps attention kernels aligned
-    _check_memory(model.config, batch, max_len, dtype, device)
+    _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
     if isinstance(seed, (list, tuple)):
         if len(seed) != batch:
             raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one per prompt")
@@ -263,17 +350,22 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts], device=device)
     key_mask = torch.cat([real, real.new_ones(batch, max_len - prompt_len)], dim=1)
     cache = KVCache(model.config, batch, max_len, device, dtype)
-    hidden = model(ids, positions=(real.cumsum(-1) - 1).clamp(min=0), attention_mask=key_mask[:, :prompt_len],
-                   cache=prefix_view(cache, prompt_len), return_hidden=True)
+    positions, chunk, first = (real.cumsum(-1) - 1).clamp(min=0), max(1, PREFILL_TOKENS // prompt_len), []
+    for start in range(0, batch, chunk):  # the prefill, PREFILL_TOKENS at most per forward: each writes its rows' cache
+        rows = slice(start, start + chunk)
+        hidden = model(ids[rows], positions=positions[rows], attention_mask=key_mask[rows, :prompt_len],
+                       cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
+        first.append(model.lm_head(hidden[:, -1]))
+        del hidden  # the prefill's hidden states [rows, P, dim] are not kept through the decode loop
+    first = first[0] if len(first) == 1 else torch.cat(first)
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(batch, max_new_tokens, device=device)
     stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
-    decoder = _Decoder(model, cache, key_mask, real.sum(-1), tokens, logprobs, (temperature, top_p, top_k), stop,
-                       pad_id, generator, prompt_len)
-    decoder.record(model.lm_head(hidden[:, -1]))
+    decoder = _Decoder(model, cache, key_mask, real.sum(-1), tokens, logprobs,
+                       (temperature, top_p, top_k, fused_sampling), stop, pad_id, generator, prompt_len)
+    decoder.record(first)
 
-    use_graphs = cuda_graphs and device.type == "cuda"
-    stream = torch.cuda.Stream(device) if use_graphs else None
+    use_graphs = cuda_graphs and device.type in FAST_PATH_DEVICES
     replay, shape = None, None
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
@@ -283,11 +375,11 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
             if alive <= len(decoder.rows) // 2:
                 decoder.compact()
         decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
-        if not use_graphs:
+        if not use_graphs or "CUDA graphs" in FALLEN_BACK:
             decoder.step()
         elif (len(decoder.rows), decoder.attend) != shape:  # a new batch size or bucket: capture a new graph
             replay, shape = None, (len(decoder.rows), decoder.attend)
-            replay = _captured(decoder.step, generator, stream)
+            replay = _captured(decoder.step, generator, device)  # decodes this step, then captures it
         else:
             replay()
 

@@ -104,7 +104,7 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast, stat
             if stopping or (cfg.sft_checkpoint_every and step % cfg.sft_checkpoint_every == 0):
                 save(step, rng.getstate())
             if stopping:
-                report_stop(stopping, f"warm-start step {step}", path)
+                report_stop(stopping, f"warm-start step {step}", cfg)
                 return step
     return cfg.sft_steps
 

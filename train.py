@@ -34,7 +34,7 @@ from distributed import (broadcast_weights, copy_weights, from_every_rank, init_
                          sharded, spread)
 from eval import held_out_eval
 from grpo import add_logprobs, advantages_of, configure_optimizer, make_micro_batches, set_advantages, update, warmup_lr
-from model import Transformer, disable_cudnn_attention, resolve_device
+from model import Transformer, resolve_device, set_attention_backends
 from reward_models import load_rewards
 from rollout import QuestionStream, progress, sample_groups, shown_samples, step_record
 from run_management import (RunLock, StopRequest, Tracker, check_machine, check_out_dir, check_reachable, command_line,
@@ -74,12 +74,12 @@ def train(cfg: TrainConfig) -> dict:
         run = setup(cfg, stop)
         if run is None or stop.agreed():  # a signal in the warm start (it said what it saved) or the set-up
             if run is not None:
-                report_stop(stop.requested, "the set-up", os.path.join(cfg.out_dir, "ckpt.pt"))
+                report_stop(stop.requested, "the set-up", cfg)
             return {"pass@1_start": None, "pass@1_end": None, "interrupted": stop.requested,
                     "step": run.step if run else 0}
         with Tracker(cfg, run.run_id, run.step) as tracker:  # logs; at the end, the curves
             summary = loop(run, cfg, stop, tracker)
-        if rank() == 0 and run.step == cfg.max_steps:  # for vLLM, lm-eval-harness, the hub
+        if rank() == 0 and run.step == cfg.max_steps and cfg.save_checkpoints:  # for vLLM, lm-eval-harness, the hub
             export_hf(os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "hf"), run.tokenizer)
     return summary
 
@@ -109,7 +109,7 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
             save_checkpoint(run, cfg, ckpt_path)
         if stopping:
             summary["interrupted"] = stopping
-            report_stop(stopping, f"step {step}", ckpt_path)
+            report_stop(stopping, f"step {step}", cfg)
             break
     bar.close()
     summary["step"] = run.step
@@ -190,8 +190,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         if state is None and cfg.init_from:
             load_init_weights(policy, cfg.init_from, warm, check_warm_set=cfg.dataset == "synthetic_split")
         start_out_dir(cfg, state, heldout)  # all checked: clear an old run (--overwrite) or cut the logs (--resume)
-    if device.type == "cuda":
-        disable_cudnn_attention()  # its masked bf16 GQA backward has returned NaN (model.disable_cudnn_attention)
+    set_attention_backends(device)  # on CUDA: no cuDNN attention, as eval.py and tools/bench.py
     # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW rounds lr 1e-6 away)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     policy.to(device).grad_checkpointing = cfg.grad_checkpointing

@@ -28,7 +28,8 @@ def test_tiny_bench_fills_the_table(gpu_check):
     assert 0 < parts <= step["time_step"] and step["peak_memory_gib"] > 0
     assert 0 < step["response_length"] <= bench.WORKLOADS["tiny"]["step_new"]
     profile = result["profile"]  # the sampler's ops, and one step's: its update's AdamW step among them
-    assert "aten::mm" in profile["decode_table"] and "Optimizer.step#AdamW.step" in profile["step_table"]
+    assert "aten::mm" in profile["decode_table"] and "Optimizer.step#AdamW.step" in profile["step_ops"]
+    assert {"aten::scaled_dot_product_attention", "aten::mm"} <= set(profile["step_ops"])  # every op, not the top 30
     assert profile["device_events_per_decode_step"] is None  # kernels are counted on CUDA only
     text = bench.report(result)
     assert "| train.grpo_step |" in text and "| sample.generate |" in text and "profile of one GRPO step" in text
@@ -108,3 +109,19 @@ def test_the_gpu_check_refuses_bad_arguments_before_any_work(tmp_path, capsys, a
     with pytest.raises(SystemExit):
         bench.main(["--gpu_check", str(tmp_path / "out"), "--tiny"] + argv)
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_bandwidth_bound_knows_each_h100_card():
+    """Issue 42: every "H100" was the SXM part's 3.35 TB/s; the PCIe card has 2.0 and the NVL 3.9."""
+    assert bench.bandwidth_of("NVIDIA H100 PCIe") == 2.0e12 and bench.bandwidth_of("NVIDIA H100 NVL") == 3.9e12
+    assert bench.bandwidth_of("NVIDIA H100 80GB HBM3") == 3.35e12 and bench.bandwidth_of("NVIDIA H200") == 4.8e12
+    assert bench.bandwidth_of("NVIDIA A100-SXM4-80GB") == 0.0 and bench.bandwidth_of("cpu") == 0.0
+
+
+def test_the_step_benchmark_keeps_headroom_at_each_shape_and_both_sides_share_it():
+    """Issue 42: the 0.5B step took 64 rows a micro-batch without checkpointing (~65 of 79 GiB, an estimate): 32 now,
+    for our step and TRL's alike; 1.5B keeps configs/gsm8k.py's 16 rows with activation checkpointing."""
+    assert bench.step_sizes("0.5b") == {"micro_batch_size": 32, "grad_checkpointing": False}
+    assert bench.step_sizes("1.5b") == {"micro_batch_size": 16, "grad_checkpointing": True}
+    assert bench.step_sizes("tiny") == {"micro_batch_size": bench.micro_batch(bench.WORKLOADS["tiny"]),
+                                        "grad_checkpointing": False}

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, Transformer, disable_cudnn_attention
+from model import ModelConfig, Transformer, set_attention_backends
 
 pytestmark = pytest.mark.gpu
 
@@ -12,7 +12,7 @@ def test_masked_bf16_gqa_attention_at_t_704_has_finite_gradients_for_training():
     """The case cuDNN's SDPA backward has failed on (pytorch issue 196678): a boolean mask, GQA, bf16, T = 704
     (T % 128 == 64), and one key whose logit is extremely negative for every query. train.setup disables cuDNN
     attention on CUDA; then the gradients must be finite, through SDPA itself and through the whole model."""
-    disable_cudnn_attention()
+    set_attention_backends(torch.device("cuda"))
     torch.manual_seed(0)
     B, heads, kv_heads, T, D = 2, 14, 2, 704, 64
     direction = F.normalize(torch.randn(D, device="cuda"), dim=0)
@@ -58,4 +58,4 @@ def test_the_bench_profile_counts_the_kernels_of_one_decode_step():
     profile = bench.bench_profile(ours, bench.WORKLOADS["tiny"], torch.device("cuda"), torch.bfloat16, beta=0.04,
                                   micro_batch_size=16)
     assert 10 < profile["device_events_per_decode_step"] < 2000, profile["device_events_per_decode_step"]
-    assert "Self CUDA" in profile["decode_table"] and "Optimizer.step#AdamW.step" in profile["step_table"]
+    assert "Self CUDA" in profile["decode_table"] and "Optimizer.step#AdamW.step" in profile["step_ops"]

@@ -16,6 +16,7 @@ import rollout
 import train
 from config import TrainConfig
 from data import download_math, load_problem_file, load_problems, math_rows, problem_key, write_jsonl
+from model import ModelConfig, Transformer
 from answers import ANSWER_CHECKERS, MATH_FORMS, final_answer
 from rewards import check_template, correctness_reward, score_completions
 from sample import Rollout
@@ -218,7 +219,9 @@ def test_eval_scores_math_rows_with_the_chosen_checker_and_breaks_pass1_down(mon
             {"question": "q two", "gold": "\\dfrac{\\pi}{2}", "subject": "Precalculus", "level": 5},
             {"question": "q three", "gold": "11", "subject": "Algebra", "level": 5}]
     monkeypatch.setattr(rollout, "generate", scripted({"q one": PI_HALF, "q two": PI_HALF, "q three": X_11}))
-    common = dict(model=torch.nn.Module(), tokenizer=CharTokenizer(), rows=rows, template="plain", progress=False)
+    model = Transformer(ModelConfig(vocab_size=len(CharTokenizer()), dim=8, n_layers=1, n_heads=1, n_kv_heads=1,
+                                    head_dim=8, ffn_dim=8))  # a stand-in: the scripted generate writes the answers
+    common = dict(model=model, tokenizer=CharTokenizer(), rows=rows, template="plain", progress=False)
     math = eval_py.evaluate(**common, answer_checker="math")
     plain = eval_py.evaluate(**common)
     assert math["pass@1"] == 1.0 and plain["pass@1"] == pytest.approx(2 / 3)

@@ -228,3 +228,95 @@ def test_smollm2_greedy_continuation_matches_transformers():
             ids = torch.cat([ids, ours(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert ids[0, prompt.shape[1]:].tolist() == expected.tolist()
     assert "Berlin" in tokenizer.decode(expected)
+
+
+def test_attention_kv_repeats_grouped_heads_under_a_mask_on_cuda_only():
+    """Issue 42: on CUDA no fused SDPA kernel takes grouped K/V under a mask, so the math backend would materialise fp32
+    scores; the CUDA branch repeats K/V (head h reads kv head h // group, as enable_gqa does), the CPU keeps the
+    broadcast (its backward's K/V sums round otherwise), and without a mask or a group nothing changes."""
+    from model import attention_kv
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    repeated_k, repeated_v, gqa = attention_kv(k, v, group=4, masked=True, device_type="cuda")
+    assert not gqa and repeated_k.shape == (2, 12, 5, 4) and torch.equal(repeated_k[:, 7], k[:, 1])
+    assert torch.equal(repeated_v[:, 11], v[:, 2])
+    for device_type, masked, group in (("cpu", True, 4), ("cuda", False, 4), ("cuda", True, 1)):
+        same_k, same_v, gqa = attention_kv(k, v, group, masked, device_type)
+        assert same_k is k and same_v is v and gqa == (group > 1)
+
+
+def test_the_cuda_branch_of_a_padded_gqa_forward_never_broadcasts_grouped_kv_under_a_mask(monkeypatch):
+    """The model's own multi-token calls (a padded training forward and a cached prefill), with attention_kv told it
+    runs on CUDA: every SDPA call under a mask gets as many K/V heads as query heads and no enable_gqa, and the logits
+    equal the CPU branch's (the forward is the same either way)."""
+    import model as model_module
+    ours = Transformer.from_hf_model(tiny_hf("qwen2", tied=True)).eval()
+    ids, mask = ragged_batch()
+    with torch.no_grad():
+        cpu_logits = ours(ids, attention_mask=mask)
+    real_kv, real_sdpa, calls = model_module.attention_kv, F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        calls.append((q.shape[1], k.shape[1], attn_mask is not None, enable_gqa))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa)
+    monkeypatch.setattr(model_module, "attention_kv", lambda k, v, group, masked, _: real_kv(k, v, group, masked, "cuda"))
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        cuda_logits = ours(ids, attention_mask=mask)
+        cache = KVCache(ours.config, 3, 16)
+        ours(ids, attention_mask=torch.cat([mask, mask.new_ones(3, 5)], 1).bool(), cache=cache)  # a prefill
+    masked = [call for call in calls if call[2]]
+    assert len(masked) == 2 * ours.config.n_layers and all(q == k and not gqa for q, k, _, gqa in masked), calls
+    assert torch.allclose(cuda_logits, cpu_logits, atol=1e-5)
+
+
+def test_a_policy_under_bf16_autocast_computes_as_its_bf16_copy():
+    """Issue 42: one numerics for the trainer, the sampler and the reference. Under autocast the fp32 policy's
+    residual stream, norms and RoPE run in bf16, as in its bf16 copy (frozen_copy), so with the same weights their
+    log-probs agree exactly (before, they differed by ~1e-3: the KL at step 1 was above 0). Checked with CPU
+    autocast; without autocast nothing changes (the fp32 demos)."""
+    from grpo import completion_logprobs, make_micro_batches
+    torch.manual_seed(0)
+    policy = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+                                     max_seq_len=64))
+    copy = policy.frozen_copy(torch.bfloat16)
+    prompts = [torch.randint(3, 97, (n,)).tolist() for n in (5, 9, 7)]
+    completions = [torch.randint(3, 97, (n,)).tolist() for n in (6, 3, 8)]
+    batch = make_micro_batches(prompts, completions, 8, 0, "cpu")[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trainer, _ = completion_logprobs(policy, batch, 1.0, 16)
+        sampler, _ = completion_logprobs(copy, batch, 1.0, 16)
+    assert torch.equal(trainer, sampler) and trainer.abs().sum() > 0
+    fp32, _ = completion_logprobs(policy, batch, 1.0, 16)
+    assert not torch.equal(fp32, trainer) and torch.allclose(fp32, trainer, atol=0.05)
+
+
+def test_a_checkpoint_loads_without_random_init_and_without_copying(monkeypatch):
+    """Issue 42: export_hf, --resume and eval.py build the checkpoint's model on the meta device and take its
+    tensors (a 1.5B fp32 model's random init on the CPU cost minutes); the same logits, tied head, LoRA adapters."""
+    import dataclasses
+    from checkpoint import model_from_checkpoint
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, ffn_dim=32)
+    for lora in (False, True):
+        saved = Transformer(config)
+        run_config = {}
+        if lora:
+            saved.add_lora(2, 4.0)
+            with torch.no_grad():
+                saved.layers[0].attn.q_proj.lora_B.normal_()
+            run_config = dict(lora_rank=2, lora_alpha=4.0, lora_dropout=0.0, lora_targets=["q_proj", "k_proj", "v_proj",
+                                                                                         "o_proj"])
+        state = {"model": saved.state_dict(), "model_config": dataclasses.asdict(config), "config": run_config}
+        real_normal = torch.nn.init.normal_
+
+        def meta_only(tensor, *args, **kwargs):  # an init on the meta device draws nothing and costs nothing
+            assert tensor.is_meta, "random init of a checkpoint's model"
+            return real_normal(tensor, *args, **kwargs)
+        monkeypatch.setattr(torch.nn.init, "normal_", meta_only)
+        loaded = model_from_checkpoint(state)
+        monkeypatch.undo()
+        ids = torch.randint(0, 50, (2, 7))
+        assert torch.equal(loaded(ids), saved(ids)) and loaded.lm_head.weight is loaded.embed.weight
+        assert loaded.embed.weight.data_ptr() == state["model"]["embed.weight"].data_ptr()  # taken, not copied
+        assert all(p.requires_grad == ("lora_" in name or not lora) for name, p in loaded.named_parameters())
+        assert loaded.inv_freq.device.type == "cpu"

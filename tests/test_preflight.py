@@ -74,8 +74,8 @@ def test_a_hub_name_without_cache_or_network_is_refused_without_waiting(tmp_path
 def test_a_gpu_sized_config_without_a_gpu_says_what_it_needs(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"\(1.54B parameters\) is sized for a GPU: a step needs \d+.\d\d GB at least "
-                                           r"\(fp32 weights 6.17 GB, gradients and AdamW 18.52 GB, .*--device=cpu .*"
-                                           r"python train.py configs/demo.py") as error:
+                                           r"\(held: fp32 weights 6.17 GB, AdamW state 12.35 GB, .*gradients 6.17 GB.*"
+                                           r"--device=cpu .*python train.py configs/demo.py") as error:
         train.train(tiny(tmp_path / "run", model=shaped_like(tmp_path, QWEN_1_5B), model_args={}, device="auto"))
     assert refused(error.value) and not os.path.exists(tmp_path / "run" / "config.json")
 
@@ -87,8 +87,8 @@ def test_too_little_gpu_memory_is_refused_with_the_knobs_to_lower(tmp_path, monk
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage._replace(free=10**15))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (20 * 10**9, 80 * 10**9))
-    with pytest.raises(RuntimeError, match=r"cuda has 20.00 GB free of 80.00 GB, and a step of this config needs "
-                                           r"\d+.\d\d GB at least .*KV cache .*lora_rank=16"):
+    with pytest.raises(RuntimeError, match=r"cuda has 20.00 GB free of 80.00 GB, and this config needs "
+                                           r"\d+.\d\d GB at least .*KV cache .*prefill .*lora_rank=16"):
         preflight.check_machine(cfg, torch.device("cuda"), config, prompt_len=128)
     parts = preflight.memory_bytes(config, cfg, prompt_len=128)
     assert parts["fp32 weights"] == 4 * 1_543_714_304 and parts["reference copy"] == parts["sampler copy"] > 0
@@ -125,3 +125,39 @@ def test_a_crash_says_the_saved_step_and_the_command_that_goes_on(tmp_path, caps
     out = capsys.readouterr().out
     assert "step 2 failed (RuntimeError: reward " in out and "those of step 1. Continue with: " in out
     assert out.rstrip().endswith("--resume")
+
+
+def test_the_estimate_counts_the_prefill_and_configs_math_fits_what_its_comment_states(monkeypatch):
+    """Issue 42: the estimate holds the prefill of the longest prompt (the rows of one prefill forward: an attention
+    layer with K and V repeated to every head, or an MLP layer, the stream, the last logits), beside the KV cache,
+    and the two phases (sampling, the update) peak apart. configs/math.py at MATH's longest levels 3-5 prompt (1,740
+    tokens) needs the 57.6 GB its comment states; one prefill of all 256 rows at once would add 18.9 GB more."""
+    import dataclasses
+    import sample
+    from config import load_config
+    config = preflight.ModelConfig.from_hf(QWEN_1_5B)  # Qwen2.5-Math-1.5B's shape too
+    cfg = dataclasses.replace(load_config([os.path.join(ROOT, "configs", "math.py")]), dtype="bfloat16")
+    parts = preflight.memory_bytes(config, cfg, prompt_len=1740)
+    need = preflight.memory_need(parts)
+    assert round(need / 1e9, 1) == 57.6 and "57.6 GB" in open(os.path.join(ROOT, "configs", "math.py")).read()
+    held = parts["fp32 weights"] + parts["AdamW state"] + parts["sampler copy"]
+    assert need == held + parts["KV cache"] + parts["prefill"] > held + parts["gradients"] + parts["logits chunk"]
+    rows = 75  # 2**17 // 1740: the rows of one prefill forward
+    mlp = 3 * rows * 1740 * 8960 * 2
+    assert parts["prefill"] == mlp + 2 * rows * 1740 * 1536 * 2 + 256 * 151936 * 10
+    monkeypatch.setattr(sample, "PREFILL_TOKENS", 256 * 1740)  # the whole batch in one forward
+    assert round((preflight.memory_need(preflight.memory_bytes(config, cfg, prompt_len=1740)) - need) / 1e9, 1) == 18.9
+
+
+def test_a_prefill_that_does_not_fit_is_refused_before_any_work_naming_the_knobs(monkeypatch):
+    """A GPU with room for the weights, AdamW and the KV cache but not for the prefill of long prompts."""
+    config = preflight.ModelConfig.from_hf(QWEN_1_5B)
+    cfg = tiny("unused", dtype="bfloat16", beta=0.0, prompts_per_step=32, group_size=8, max_new_tokens=256,
+               eval_batch_size=64)
+    parts = preflight.memory_bytes(config, cfg, prompt_len=1500)
+    without_prefill = preflight.memory_need({**parts, "prefill": 0})
+    assert parts["prefill"] > 1e9 and preflight.memory_need(parts) > without_prefill
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (without_prefill + 10**8, 80 * 10**9))
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: shutil.disk_usage("/")._replace(free=10**15))
+    with pytest.raises(RuntimeError, match=r"prefill .* shorter prompts \(the prefill\)"):
+        preflight.check_machine(cfg, torch.device("cuda"), config, prompt_len=1500)

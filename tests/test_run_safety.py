@@ -320,3 +320,25 @@ def test_the_hf_export_of_a_char_run_evaluates_like_its_checkpoint(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o666 & ~umask  # readable by the group and others, as the config.json beside it
+
+
+def test_save_checkpoints_false_writes_no_checkpoint_and_says_so_when_stopped(tmp_path, monkeypatch, capsys):
+    """Issue 42: a throwaway run (tools/bench.py's gsm8k_shapes wrote ~37 GB of checkpoints) writes its logs but no
+    ckpt.pt, sft.pt or hf/, needs no disk for them, and a stop says nothing was saved; --resume is refused with it."""
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage._replace(free=10))  # room for logs only
+    train.train(tiny(tmp_path / "run", sft_steps=2, sft_batch_size=4, max_steps=2, save_checkpoints=False))
+    assert log_steps(tmp_path / "run") == [1, 2]
+    assert not {"ckpt.pt", "sft.pt", "hf", "ckpt.pt.tmp"} & set(os.listdir(tmp_path / "run"))
+    real = train.grpo_step
+
+    def step_then_sigterm(run, cfg, step):
+        out = real(run, cfg, step)
+        signal.raise_signal(signal.SIGTERM)
+        return out
+    monkeypatch.setattr(train, "grpo_step", step_then_sigterm)
+    summary = train.train(tiny(tmp_path / "stopped", max_steps=3, save_checkpoints=False))
+    assert summary["interrupted"] == "SIGTERM" and summary["step"] == 1
+    assert "SIGTERM: stopped after step 1; nothing was saved (save_checkpoints=False)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="save_checkpoints=False writes none"):
+        tiny(tmp_path / "stopped", resume=True, save_checkpoints=False)

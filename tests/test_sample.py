@@ -1,5 +1,6 @@
 """sample.generate: greedy equals transformers, cached log-probs equal a full forward, sampling frequencies
 match the intended distribution, stop/pad/seed/error behaviour; on a GPU, graphs equal the eager loop."""
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -342,3 +343,122 @@ def test_per_row_seeds_make_each_row_independent_of_its_batch():
     assert together.tokens[0].tolist() != generate(model, PROMPTS, 12, temperature=1.0, seed=[99, 12, 13, 14]).tokens[0].tolist()
     with pytest.raises(ValueError, match="one per prompt"):
         generate(model, PROMPTS, 4, seed=[1, 2])
+
+
+def one_warning_each(capsys, path: str) -> list[str]:
+    lines = [line for line in capsys.readouterr().err.splitlines() if "going on with the eager torch path" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"sample.py: {path} failed"), lines
+    return lines
+
+
+def test_a_failing_cuda_graph_capture_falls_back_to_the_eager_loop_with_one_warning(monkeypatch, capsys):
+    """Issue 42: the capture fails (mocked: the CPU has no CUDA graphs); the step it warmed up with still counts, the
+    rest decodes eagerly, the tokens are the eager loop's, one line says so, and a later call stays eager silently."""
+    model = tiny_model()
+    eager = generate(model, PROMPTS, 20, temperature=1.0, seed=3, cuda_graphs=False)
+    captures = []
+
+    def failing_capture(step, generator, pool):
+        captures.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing\n(more lines)")
+    monkeypatch.setattr(sample, "FALLEN_BACK", set())
+    monkeypatch.setattr(sample, "FAST_PATH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(sample, "_graph_stream", contextlib.contextmanager(lambda device: (yield None)))
+    monkeypatch.setattr(sample, "_capture", failing_capture)
+    for _ in range(2):
+        out = generate(model, PROMPTS, 20, temperature=1.0, seed=3, cuda_graphs=True)
+        assert torch.equal(out.tokens, eager.tokens) and torch.equal(out.logprobs, eager.logprobs)
+    assert len(captures) == 1 and "CUDA graphs" in sample.FALLEN_BACK
+    one_warning_each(capsys, "CUDA graphs")
+
+
+def test_a_failing_fused_sampling_kernel_falls_back_to_the_torch_ops_with_one_warning(monkeypatch, capsys):
+    """Issue 42: Triton builds its launcher with a C compiler on first use, which a slim image lacks; the kernel's
+    failure (mocked) leaves the draw to the torch ops, whose tokens these are, with one line said once."""
+    model = tiny_model()
+    plain = generate(model, PROMPTS, 12, temperature=1.0, seed=5, fused_sampling=False)
+    launches = []
+
+    def failing_kernel(logits, temperature, generator):
+        launches.append(1)
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+    monkeypatch.setattr(sample, "FALLEN_BACK", set())
+    monkeypatch.setattr(sample, "_fused_possible", lambda logits, temperature, top_p, top_k:
+                        "the fused Triton sampling kernel" not in sample.FALLEN_BACK)
+    monkeypatch.setattr(sample, "_fused_gumbel_sample", failing_kernel)
+    for _ in range(2):
+        out = generate(model, PROMPTS, 12, temperature=1.0, seed=5)
+        assert torch.equal(out.tokens, plain.tokens) and torch.equal(out.logprobs, plain.logprobs)
+    assert len(launches) == 1
+    one_warning_each(capsys, "the fused Triton sampling kernel")
+
+
+def test_a_failure_inside_a_capture_ends_the_capture_and_raises_the_steps_own_error(monkeypatch):
+    """Issue 42: an exception between capture_begin and capture_end must not leave the stream capturing (the
+    emergency checkpoint would fail too and bury the real error): the capture is ended, the step's error raised."""
+    events = []
+
+    class Graph:
+        def register_generator_state(self, generator):
+            pass
+
+        def capture_begin(self, pool=None):
+            events.append(("begin", pool))
+
+        def capture_end(self):
+            events.append("end")
+            raise RuntimeError("capture invalidated")  # ending an aborted capture complains too: not the story
+
+    def step():
+        raise ValueError("the step's own error")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    with pytest.raises(ValueError, match="the step's own error"):
+        sample._capture(step, generator=None, pool="the one pool")
+    assert events == [("begin", "the one pool"), "end"]
+
+
+def test_every_capture_shares_one_side_stream_and_one_memory_pool(monkeypatch):
+    """Issue 42: a new pool per capture (about 8 a rollout) grew reserved memory step after step; one stream and
+    one pool per device serve every capture of the process."""
+    made = []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+    monkeypatch.setattr(sample, "GRAPH_RESOURCES", {})
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: made.append("stream") or Stream())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: made.append("pool") or ("pool", len(made)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    pools = []
+    for _ in range(3):
+        with sample._graph_stream(torch.device("cuda", 0)) as pool:
+            pools.append(pool)
+    assert made == ["stream", "pool"] and pools[0] == pools[1] == pools[2]
+
+
+def test_the_prefill_in_pieces_of_rows_equals_one_prefill_and_frees_its_hidden_states(monkeypatch):
+    """Issue 42: rows x prompt length beyond PREFILL_TOKENS prefill in pieces, each writing its rows' cache: the same
+    tokens and log-probs (to rounding) as one prefill; and no prefill's hidden states live on into the decode loop."""
+    import weakref
+    model = tiny_model()
+    whole = generate(model, PROMPTS, 10, temperature=0)
+    monkeypatch.setattr(sample, "PREFILL_TOKENS", 2 * max(map(len, PROMPTS)))  # two rows a forward
+    forwards, alive = [], []
+    real_forward, real_step = model.forward, sample._Decoder.step
+
+    def forward(ids, *args, **kwargs):
+        out = real_forward(ids, *args, **kwargs)
+        if ids.shape[1] > 1:
+            forwards.append(weakref.ref(out))
+        return out
+
+    def step(self):
+        alive.append(any(ref() is not None for ref in forwards))
+        return real_step(self)
+    monkeypatch.setattr(model, "forward", forward)
+    monkeypatch.setattr(sample._Decoder, "step", step)
+    pieces = generate(model, PROMPTS, 10, temperature=0)
+    assert len(forwards) == 2 and alive and not any(alive)
+    assert torch.equal(pieces.tokens, whole.tokens) and torch.allclose(pieces.logprobs, whole.logprobs, atol=1e-5)

@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+import rollout
 import train
 from conftest import qwen_tokenizer_dir
 from data import load_gsm8k, write_jsonl
@@ -252,3 +253,39 @@ def test_grpo_step_called_directly_updates_the_policy_and_reports_whole_batch_me
     assert record["ratio_mean"] == pytest.approx(1.0) and record["clip_frac_low"] == 0.0  # mu=1: on-policy
     assert 0 < record["entropy"] < math.log(len(run.tokenizer)) and record["grad_norm"] > 0
     assert 1 <= record["response_length"] <= cfg.max_new_tokens and record["lr"] == cfg.lr  # warmup_steps=1
+
+
+def test_eval_py_scores_a_checkpoint_as_its_runs_evaluation_did(tmp_path, monkeypatch):
+    """Issue 42: eval.py computes as train.py's held-out evaluation for the same checkpoint and settings: the same
+    attention backends (set_attention_backends on its device), the checkpoint's batch size (padding changes the
+    sums), LoRA adapters merged as the run's sampler merges them; so every completion, and pass@1, is the same."""
+    import eval as eval_cli
+    from test_guards import tiny
+    out = tmp_path / "run"
+    train.train(tiny(out, max_steps=1, eval_every=1, eval_size=6, synthetic_eval_size=6, eval_batch_size=4,
+                     lora_rank=2, lr=0.05, max_new_tokens=16))
+    with open(out / "eval.jsonl") as f:
+        logged = [json.loads(line) for line in f][-1]
+    backends, calls, real_generate = [], [], rollout.generate
+
+    def generate(model, prompts, *args, **kwargs):
+        merged = [m.merged_weight is not None for m in model.modules() if hasattr(m, "merged_weight")]
+        calls.append((len(prompts), merged and all(merged)))
+        return real_generate(model, prompts, *args, **kwargs)
+    monkeypatch.setattr(eval_cli, "set_attention_backends", backends.append)
+    monkeypatch.setattr(rollout, "generate", generate)
+    summary = eval_cli.main(["--model", str(out / "ckpt.pt"), "--data", str(out / "heldout.jsonl")])
+    assert backends == [torch.device("cpu")] and logged["step"] == 1
+    assert calls == [(4, True), (2, True)]  # the run's eval_batch_size, on merged LoRA weights
+    assert summary["pass@1"] == logged["pass@1"] and summary["response_length"] == logged["response_length"]
+    with open(out / "eval_00001.jsonl") as f, open(out / "ckpt_eval" / "completions.jsonl") as g:
+        assert [json.loads(line)["completion"] for line in f] == [json.loads(line)["completion"] for line in g]
+
+
+def test_set_attention_backends_turns_cudnn_attention_off_on_cuda_only(monkeypatch):
+    from model import set_attention_backends
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    set_attention_backends(torch.device("cpu"))
+    set_attention_backends(torch.device("cuda", 0))
+    assert calls == [False]

@@ -45,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the library's modules, from tools/
 from config import TrainConfig  # noqa: E402
 from grpo import configure_optimizer  # noqa: E402
-from model import KVCache, ModelConfig, Transformer, disable_cudnn_attention, resolve_device  # noqa: E402
+from model import KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
 from rollout import QuestionStream  # noqa: E402
 from sample import generate  # noqa: E402
 from template import template_of  # noqa: E402
@@ -56,9 +56,12 @@ SHAPES = {  # Qwen2.5 shapes (config.json of each checkpoint); "tiny" is for the
     "0.5b": dict(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64, ffn_dim=4864),
     "1.5b": dict(vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128, ffn_dim=8960),
 }
-STEP_SIZES = {"1.5b": dict(micro_batch_size=16, grad_checkpointing=True)}  # configs/gsm8k.py's: 64 rows x ~370
+# 0.5B: 32 rows per micro-batch, for both sides (64 rows x ~370 tokens without checkpointing held ~65 of 79 GiB, an
+# estimate); 1.5B: configs/gsm8k.py's sizes: 64 rows x ~370
 # tokens through 28 layers without checkpointing need ~81 GB of activations beside ~31 GB of weights and AdamW
-BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}  # HBM bytes/s of the SXM parts
+STEP_SIZES = {"0.5b": dict(micro_batch_size=32), "1.5b": dict(micro_batch_size=16, grad_checkpointing=True)}
+# HBM bytes/s by GPU name, the first name part that matches: the H100's PCIe and NVL cards differ from its SXM part
+BANDWIDTH = (("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("H200", 4.8e12))
 WORKLOADS = {  # sampler: rows x (prompt + new); step: prompts x G x new, prompt length, beta (the peer script's)
     "full": dict(rows=256, prompt_len=128, new_tokens=512, hf_new_tokens=128, prompts=32, group=8, step_new=256,
                  step_prompt_len=114, steps=4),
@@ -116,6 +119,11 @@ def peak_memory_gib(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
+def bandwidth_of(name: str) -> float:
+    """The memory bandwidth (bytes/s) of a GPU by its name (torch.cuda.get_device_name), 0 when not known."""
+    return next((bandwidth for part, bandwidth in BANDWIDTH if part in name), 0.0)
+
+
 def bandwidth_bound_seconds(model, rows, prompt_len, new_tokens, bandwidth) -> float:
     """Every weight plus the KV cache of the tokens so far, read once per decode step, at `bandwidth` B/s."""
     config, elem = model.config, model.lm_head.weight.element_size()
@@ -149,6 +157,12 @@ def bench_sampler(hf, ours, work: dict, device, bandwidth) -> dict:
         result["bandwidth_fraction"] = bandwidth_bound_seconds(ours, work["rows"], work["prompt_len"], n,
                                                                bandwidth) / ours_s
     return result
+
+
+def step_sizes(shape: str) -> dict:
+    """The micro-batch and checkpointing of the GRPO step at a shape (SHAPES' name), ours and TRL's alike."""
+    work = WORKLOADS["tiny" if shape == "tiny" else "full"]
+    return {"micro_batch_size": micro_batch(work), "grad_checkpointing": False, **STEP_SIZES.get(shape, {})}
 
 
 def micro_batch(work: dict) -> int:
@@ -203,8 +217,9 @@ def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size
                   new_tokens: int = 16, rows: int = 30) -> dict:
     """torch.profiler tables (the top `rows` ops by self device time; CPU time on the CPU) of the sampler decoding
     new_tokens for the sampler workload, eagerly (cuda_graphs=False: a graph replay hides its kernels), and of one
-    whole GRPO step after a warm-up step (its sampler as in training). On CUDA also the device events (kernels,
-    copies, memsets) of one decode step: those of new_tokens + 1 tokens less those of 1 (the prefill), over new_tokens."""
+    whole GRPO step after a warm-up step (its sampler as in training), with the names of every op that step ran
+    (step_ops: the table shows the top rows only). On CUDA also the device events (kernels, copies, memsets) of one
+    decode step: those of new_tokens + 1 tokens less those of 1 (the prefill), over new_tokens."""
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                           if device.type == "cuda" else [])
     sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
@@ -214,19 +229,19 @@ def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size
             timed(fn, device)
         averages = prof.key_averages()
         events = sum(e.count for e in averages if e.device_type == torch.autograd.DeviceType.CUDA)
-        return averages.table(sort_by=sort, row_limit=rows), events
+        return averages.table(sort_by=sort, row_limit=rows), events, sorted({e.key for e in averages})
 
     prompts = sampler_prompts(ours, work).tolist()
     decode = lambda n: generate(ours, prompts, n, seed=0, cuda_graphs=False)  # noqa: E731
     decode(new_tokens + 1)  # warm-up
-    _, prefill_events = profiled(lambda: decode(1))
-    decode_table, events = profiled(lambda: decode(new_tokens + 1))
+    _, prefill_events, _ = profiled(lambda: decode(1))
+    decode_table, events, _ = profiled(lambda: decode(new_tokens + 1))
     run, cfg = step_run(ours, work, device, dtype, beta, micro_batch_size, grad_checkpointing)
     grpo_step(run, cfg, 1)
-    step_table, _ = profiled(lambda: grpo_step(run, cfg, 2))
+    step_table, _, step_ops = profiled(lambda: grpo_step(run, cfg, 2))
     return {"decode_new_tokens": new_tokens, "decode_rows": work["rows"], "decode_table": decode_table,
             "device_events_per_decode_step": (events - prefill_events) / new_tokens if device.type == "cuda" else None,
-            "step_table": step_table}
+            "step_table": step_table, "step_ops": step_ops}
 
 
 def bench_trl(shape: dict, work: dict, device, dtype, beta: float, micro: int, grad_checkpointing=False) -> dict | None:
@@ -317,14 +332,12 @@ def main(argv=None):
         return gpu_check(args.gpu_check, args.tiny, args.tokenizer, parts, args.budget_s)
     shape = SHAPES["tiny" if args.tiny else args.shape]
     work = WORKLOADS["tiny" if args.tiny else "full"]
-    sizes = {"micro_batch_size": micro_batch(work), "grad_checkpointing": False,
-             **STEP_SIZES.get("tiny" if args.tiny else args.shape, {})}
+    sizes = step_sizes("tiny" if args.tiny else args.shape)
     device, dtype = resolve_device("cpu" if args.tiny else "auto")
-    if device.type == "cuda":
-        disable_cudnn_attention()  # as train.setup does
+    set_attention_backends(device)  # as train.py and eval.py do
     skip = set(filter(None, args.skip.split(",")))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    bandwidth = args.bandwidth or next((b for key, b in BANDWIDTH.items() if key in name), 0.0)
+    bandwidth = args.bandwidth or bandwidth_of(name)
     result = {"shape": "tiny" if args.tiny else args.shape, "device": name, "dtype": str(dtype), "torch": torch.__version__,
               "workload": work, "beta": args.beta}
 
@@ -424,7 +437,7 @@ def gpu_check_plan(out_dir: str, tiny: bool, tokenizer: str) -> dict:
     shape = {k: v for k, v in dataclasses.asdict(model).items() if not (tiny and k == "vocab_size")}  # tiny: Qwen's
     plan["gsm8k_shapes"] = ([python, "train.py", "configs/gsm8k.py", "--model=scratch", f"--model_args={shape}",
                              f"--tokenizer={tokenizer}", "--max_steps=3", "--eval_every=0", "--sample_every=1",
-                             "--checkpoint_every=0", "--overwrite",
+                             "--save_checkpoints=false", "--overwrite",  # ~37 GB of checkpoints a benchmark needs not
                              f"--out_dir={os.path.join(out_dir, 'gsm8k_shapes')}"] + train_sizes, 900)
     demo_sizes = ["--device=cpu", "--sft_steps=2", "--max_steps=2", "--eval_every=1", "--eval_size=4",
                   "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda", "--max_steps=40",
