@@ -60,21 +60,22 @@ def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1,
              ks: tuple[int, ...] = (1,), max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
              top_p: float = 1.0, top_k: int = 0, out_path: str | None = None, desc: str = "eval",
              progress: bool = True, cuda_graphs: bool = True, fused_sampling: bool = True,
-             answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
+             answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS, math_verify=None) -> dict:
     """Sample n completions per row ({"question", "gold"}) and score them; template: a template.Template, a
     TEMPLATES name or a dict; answer_checker: an answers.ANSWER_CHECKERS name. Returns {"pass@1", "pass@1_stderr"
     (over questions), "pass@k" for each k <= n, "format_rate", for each of rollout.completion_flags (worked, reflect)
     e.g. "worked_rate", "accuracy_worked" and "accuracy_unworked" (of those completions and of the others; None if
     there are none), "response_length", "truncation_rate", "questions", "n", "temperature"}, and when every row has a
     "subject" and a "level" (MATH) "by_subject" and "by_level" (breakdown); temperature 0 is greedy. out_path: one
-    JSON line per completion."""
+    JSON line per completion. math_verify (math_verify_grader()): each completion graded by Math-Verify too, its
+    figures beside the checker's ("pass@1_math_verify", "graders_agree": grader_summary)."""
     if not rows:
         raise ValueError("no questions to evaluate")
     if n > 1 and temperature == 0:
         raise ValueError("n > 1 samples at temperature 0 are n copies of the greedy answer: set --temperature")
     records = score_questions(model, tokenizer, rows, template, n, temperature, max_new_tokens, batch_size, seed,
                               top_p, top_k, desc, progress, cuda_graphs, fused_sampling, answer_checker,
-                              reflection_markers)
+                              reflection_markers, math_verify)
     if out_path:
         write_completions(records, out_path)
     return summarize(records, n, ks, temperature)
@@ -84,7 +85,8 @@ def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1,
 def score_questions(model, tokenizer, rows: list[dict], template, n: int, temperature: float,
                     max_new_tokens: int, batch_size: int, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
                     desc: str = "eval", progress: bool = True, cuda_graphs: bool = True, fused_sampling: bool = True,
-                    answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS) -> list[dict]:
+                    answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS,
+                    math_verify=None) -> list[dict]:
     """evaluate()'s sampling: one record {"question", "gold", "samples": [n verdicts]} per row, in row order (with
     the row's "subject" and "level", where it has them). A model with LoRA adapters samples on merged weights, as
     train.py's rollouts do."""
@@ -108,21 +110,47 @@ def score_questions(model, tokenizer, rows: list[dict], template, n: int, temper
                                        cuda_graphs=cuda_graphs, fused_sampling=fused_sampling,
                                        answer_checker=answer_checker)
             for j, i in enumerate(chunk):
-                verdicts = [verdict(samples, s, template, answer_checker, flags) for s in range(j * n, (j + 1) * n)]
+                verdicts = [verdict(samples, s, template, answer_checker, flags, rows[i]["gold"], math_verify)
+                            for s in range(j * n, (j + 1) * n)]
                 records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"],
                               **{key: rows[i][key] for key in BREAKDOWNS if key in rows[i]}, "samples": verdicts}
     model.train(was_training)
     return records
 
 
-def verdict(samples, s: int, template, answer_checker: str, flags: dict) -> dict:
+def verdict(samples, s: int, template, answer_checker: str, flags: dict, gold: str, math_verify=None) -> dict:
     """Row s of samples (rollout.Samples) as eval.py writes it: the completion, the answer read, whether it is
-    correct and well formatted, each completion flag, its length and whether it was truncated."""
+    correct and well formatted, each completion flag, its length and whether it was truncated; with math_verify,
+    Math-Verify's verdict on the whole response too ("correct_math_verify")."""
     text = samples.texts[s]
+    graded = {"correct_math_verify": math_verify(template.prefix + text, gold, template)} if math_verify else {}
     return {"completion": text, "answer": final_answer(template.prefix + text, template, answer_checker),
-            "correct": samples.components["correctness"][s] == 1.0, "format": samples.components["format"][s] == 1.0,
-            **{name: flag(text) for name, flag in flags.items()}, "length": len(samples.completions[s]),
-            "truncated": not samples.stopped[s]}
+            "correct": samples.components["correctness"][s] == 1.0, **graded,
+            "format": samples.components["format"][s] == 1.0, **{name: flag(text) for name, flag in flags.items()},
+            "length": len(samples.completions[s]), "truncated": not samples.stopped[s]}
+
+
+def math_verify_grader():
+    """Math-Verify (Hugging Face's grader, which SimpleRL-Zoo and Oat-Zero report with) as a function (response, gold,
+    template) -> bool. The gold is parsed as LaTeX in $...$. A response in the template's answer tags is graded on the
+    last tag's content, parsed as LaTeX in $...$, as Oat-Zero grades its R1 template (Math-Verify's own extraction on
+    the whole text would take a number from the think block: "<answer>73</answer>" after "3*24=72" reads as 72);
+    any other response whole, with Math-Verify's default extraction (its last boxed, LaTeX or plain answer), as
+    SimpleRL-Zoo's boxed answers are. Then verify(gold, answer). No truncation rule: a response cut at max_new_tokens
+    is graded on what it wrote. A RuntimeError naming the package when math_verify is not installed (training and
+    the tests never need it)."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        raise RuntimeError("--grader math_verify needs the math-verify package: pip install math-verify (optional; "
+                           "training and the tests never need it)") from None
+
+    def grade(response: str, gold: str, template) -> bool:
+        opening, closing = template.answer
+        if opening in response:
+            return bool(verify(parse(f"${gold}$"), parse(f"${response.rpartition(opening)[2].partition(closing)[0]}$")))
+        return bool(verify(parse(f"${gold}$"), parse(response)))
+    return grade
 
 
 def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: float) -> dict:
@@ -138,9 +166,21 @@ def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: flo
             "response_length": sum(s["length"] for s in flat) / len(flat),
             "truncation_rate": sum(s["truncated"] for s in flat) / len(flat),
             "questions": len(records), "n": n, "temperature": temperature,
-            **{f"by_{key}": breakdown(records, n, key) for key in BREAKDOWNS if all(key in r for r in records)}}
+            **{f"by_{key}": breakdown(records, n, key) for key in BREAKDOWNS if all(key in r for r in records)},
+            **(grader_summary(records, n) if all("correct_math_verify" in s for s in flat) else {})}
 
 
+def grader_summary(records: list[dict], n: int) -> dict:
+    """Math-Verify's figures beside the checker's: pass@1 and its standard error by its verdicts, and the share of
+    completions on which the two graders agree."""
+    correct = [sum(s["correct_math_verify"] for s in r["samples"]) for r in records]
+    flat = [s for r in records for s in r["samples"]]
+    pass1, stderr = mean_and_stderr([pass_at_k(n, c, 1) for c in correct])
+    return {"pass@1_math_verify": pass1, "pass@1_math_verify_stderr": stderr,
+            "graders_agree": sum(s["correct"] == s["correct_math_verify"] for s in flat) / len(flat)}
+
+
+GRADERS = ("checker", "math_verify", "both")
 BREAKDOWNS = ("subject", "level")  # MATH's: pass@1 per subject and per level (summary["by_subject"], ["by_level"])
 
 
@@ -225,6 +265,9 @@ def main(argv=None):
     parser.add_argument("--answer_checker", default="auto", choices=("auto", *ANSWER_CHECKERS),
                         help="how answers are read and compared; auto: 'math' for MATH-format data, else the "
                         "checkpoint's, else 'gsm8k'")
+    parser.add_argument("--grader", default="checker", choices=GRADERS, help="who grades the answers: the run's hand-"
+                        "written answer checker (the reward's), Math-Verify (pip install math-verify; SimpleRL-Zoo's "
+                        "and Oat-Zero's grader), or both, side by side with their agreement")
     parser.add_argument("--reflection_markers", default="", help="comma-separated re-check phrases for reflect_rate "
                         "(default: the checkpoint's, or rewards.REFLECTION_MARKERS)")
     parser.add_argument("--gguf_file", default="", help="a GGUF file inside --model (a dir or hub repo) to load")
@@ -251,6 +294,7 @@ def main(argv=None):
         parser.error(f"--data {args.data}: no such file")
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     with refusals():  # a malformed data file, no network for a model not in the cache, ...: refused in a few lines
+        math_verify = math_verify_grader() if args.grader != "checker" else None
         rows = load_problem_file(args.data)[:args.limit or None]
         device, dtype = resolve_device(args.device)
         set_attention_backends(device)  # as train.py computes, so that a checkpoint scores as its run's evaluations
@@ -274,13 +318,20 @@ def main(argv=None):
                        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=args.seed, top_p=args.top_p,
                        top_k=args.top_k, out_path=os.path.join(out_dir, "completions.jsonl"),
                        cuda_graphs=not args.no_cuda_graphs, fused_sampling=not args.no_fused_sampling,
-                       answer_checker=answer_checker, reflection_markers=markers)
+                       answer_checker=answer_checker, reflection_markers=markers, math_verify=math_verify)
     summary.update(model=args.model, data=args.data, template=template.name or dataclasses.asdict(template),
-                   answer_checker=answer_checker, reflection_markers=markers)
+                   answer_checker=answer_checker, reflection_markers=markers, grader=args.grader,
+                   max_new_tokens=max_new_tokens)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(f"pass@1: {summary['pass@1']:.4f} ± {summary['pass@1_stderr']:.4f} (standard error, "
-          f"{summary['questions']} questions; answer checker {answer_checker})")
+    if args.grader != "math_verify":
+        print(f"pass@1: {summary['pass@1']:.4f} ± {summary['pass@1_stderr']:.4f} (standard error, "
+              f"{summary['questions']} questions; answer checker {answer_checker})")
+    if math_verify:
+        print(f"pass@1: {summary['pass@1_math_verify']:.4f} ± {summary['pass@1_math_verify_stderr']:.4f} (standard "
+              f"error, {summary['questions']} questions; Math-Verify)" + (
+                  f"; the graders agree on {summary['graders_agree']:.1%} of completions" if args.grader == "both"
+                  else ""))
     for line in breakdown_lines(summary):
         print(line)
     for k in ks:

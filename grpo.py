@@ -71,6 +71,10 @@ class LossSettings:
     # "token" (GRPO: a ratio per token) | "sequence" (GSPO, arXiv:2507.18071: one ratio per sequence, the geometric
     # mean of its token ratios, clipped per sequence; GSPO clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4)
     importance_sampling_level: str = "token"
+    # truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+    # training"): each token's clipped policy-gradient term weighed by min(pi_old / pi_sampler, tis_cap), detached,
+    # correcting for the sampler's own numerics (a bf16 copy, a KV-cache decode); None = off. TRL's default cap is 2
+    tis_cap: float | None = None
 
 
 def loss_settings(source) -> dict:
@@ -94,6 +98,9 @@ def check_settings(cfg):
         raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {cfg.clip_eps}, {clip_eps_high}")
     if not cfg.beta >= 0:
         raise ValueError(f"beta must be >= 0, got {cfg.beta}")
+    if cfg.tis_cap is not None and not 1 <= cfg.tis_cap < float("inf"):
+        raise ValueError(f"tis_cap must be None (off) or a number >= 1 (a cap below 1 would shrink every on-policy "
+                         f"token's weight), got {cfg.tis_cap}")
     if not hasattr(cfg, "adv_baseline"):  # a LossSettings alone
         return
     check_advantage_settings(cfg.adv_baseline, cfg.adv_scale, cfg.group_size)
@@ -222,7 +229,7 @@ def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, num_tokens=None, constant_norm=None,
-              **settings):
+              sampler_logp=None, **settings):
     """GRPO loss to minimise (= -J of DeepSeekMath) for one batch or micro-batch; returns (loss, stats).
 
     logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded positions must hold
@@ -232,11 +239,14 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     ref_logp [B, T] or None: under the reference model; None only when beta == 0.
     advantages [B] (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens, stop token
         included.
+    sampler_logp [B, T] or None: as the sampler computed them when it drew the tokens; read with tis_cap only.
     settings: LossSettings' fields as keywords, each defaulting to LossSettings' value, trusted as given (check_settings
         checked the config's once).
     Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, KL by kl_estimator in fp32
     with ref - logp clamped to +-20: "k3" exp(ref - logp) - (ref - logp) - 1, "k3_is" token ratio * k3, "k2"
-    (ref - logp)^2 / 2, "k1_reward" none (it is in the rewards). importance_sampling_level "sequence" (GSPO, Zheng et
+    (ref - logp)^2 / 2, "k1_reward" none (it is in the rewards). tis_cap (truncated importance sampling) weighs the
+    clipped term, not the KL, by w = min(exp(old_logp - sampler_logp), tis_cap), detached: the samples came from the
+    sampler, whose log-probs differ from the trainer's own. importance_sampling_level "sequence" (GSPO, Zheng et
     al. 2025, arXiv:2507.18071, eq. 7) shares one ratio per sequence, s_i = exp(sum_t mask_it (logp - old_logp)_it /
     |o_i|), clipped per sequence: its gradient moves every token of a sequence by s_i A_i / |o_i|, and on-policy
     equals the token level's with seq_mean; its ratios stay near 1, so it clips far tighter (clip_eps 3e-4, 4e-4).
@@ -249,7 +259,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     stats (detached 0-d tensors, no host sync), each a sum over this call's masked tokens divided by num_tokens, so
     that micro-batch stats add up to the whole batch's means: "kl" (k3's value whatever the estimator, comparable
     across runs; nan without ref_logp), "clip_frac_low" (A < 0 and ratio < 1-clip_eps), "clip_frac_high" (A > 0 and
-    ratio > 1+clip_eps_high), "ratio_mean".
+    ratio > 1+clip_eps_high), "ratio_mean"; with tis_cap, "tis_capped_frac" (tokens whose weight was capped) and
+    "tis_weight_mean".
     """
     settings = LossSettings(**settings)
     clip_eps, beta, kl_estimator = settings.clip_eps, settings.beta, settings.kl_estimator
@@ -278,6 +289,11 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
         raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}")
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
     token_loss = -torch.minimum(ratio * adv, clipped * adv)
+    if settings.tis_cap is not None:  # truncated importance sampling: sampler -> pi_old, capped, no gradient
+        if sampler_logp is None:
+            raise ValueError("tis_cap needs sampler_logp, the sampler's log-probs of the sampled tokens")
+        sampler_ratio = torch.exp(old_logp - sampler_logp.float()).detach()
+        token_loss = token_loss * sampler_ratio.clamp(max=settings.tis_cap)
     kl = None
     if ref_logp is not None:
         log_ratio = (ref_logp.float() - logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
@@ -310,6 +326,9 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
             "clip_frac_high": token_mean((adv > 0) & (ratio > 1 + clip_eps_high)),
             "ratio_mean": token_mean(ratio),
         }
+        if settings.tis_cap is not None:
+            stats["tis_capped_frac"] = token_mean(sampler_ratio > settings.tis_cap)
+            stats["tis_weight_mean"] = token_mean(sampler_ratio.clamp(max=settings.tis_cap))
     return loss, stats
 
 # -----------------------------------------------------------------------------
@@ -486,7 +505,7 @@ def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast, measure_ga
                 logp, entropy = completion_logprobs(policy, batch, cfg.temperature, cfg.logprob_chunk)
             loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
                                     num_sequences=n_seq, num_tokens=n_tok, constant_norm=cfg.max_new_tokens,
-                                    **loss_settings(cfg))
+                                    sampler_logp=batch.sampler_logp, **loss_settings(cfg))
             # DDP and FSDP2 average the ranks' gradients; with global normalisers the sum is the batch's gradient
             (loss * world_size()).backward()
         if measure_gap:

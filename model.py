@@ -1,7 +1,8 @@
-"""A decoder-only transformer of the Qwen2 / Llama family, written out by hand.
+"""A decoder-only transformer of the Qwen2 / Qwen3 / Llama family, written out by hand.
 
-Covers Qwen2 / Qwen2.5 (q/k/v bias, GQA, RoPE, RMSNorm, SwiGLU, tied or untied head) and Llama-shaped
-models (no bias; SmolLM2, Llama-3.x with "llama3" RoPE scaling). Loads Hugging Face checkpoints
+Covers Qwen2 / Qwen2.5 (q/k/v bias, GQA, RoPE, RMSNorm, SwiGLU, tied or untied head), Qwen3's dense models (no
+bias; an RMSNorm over each head's query and key before RoPE; a head_dim of its own, not hidden_size / heads) and
+Llama-shaped models (no bias; SmolLM2, Llama-3.x with "llama3" RoPE scaling). Loads Hugging Face checkpoints
 (a local directory with config.json + safetensors, sharded or not, a hub name, or a GGUF file).
 
 Calling the model on ids [B, T] returns logits [B, T, vocab]. Incremental decoding: pass a KVCache
@@ -27,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 HF_NAMES = {"embed_tokens": "embed", "self_attn": "attn", "input_layernorm": "attn_norm",
             "post_attention_layernorm": "mlp_norm"}  # Hugging Face parameter-name parts -> this file's
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -46,7 +47,8 @@ class ModelConfig:
     rope_theta: float = 1000000.0
     rope_scaling: dict | None = None  # only {"rope_type": "llama3", ...} (Llama-3.1/3.2) is supported
     norm_eps: float = 1e-6
-    qkv_bias: bool = True  # Qwen2 has q/k/v biases, Llama does not
+    qkv_bias: bool = True  # Qwen2 has q/k/v biases, Qwen3 and Llama do not
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's query and key, before RoPE
     tie_embeddings: bool = True
 
     def __post_init__(self):
@@ -78,13 +80,15 @@ class ModelConfig:
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
-                f"model.py supports Qwen2/Qwen2.5 (model_type 'qwen2') and Llama-family checkpoints "
-                f"(model_type 'llama': Llama, SmolLM2); got model_type {model_type!r} "
+                f"model.py supports Qwen2/Qwen2.5 (model_type 'qwen2'), Qwen3's dense models (model_type 'qwen3') and "
+                f"Llama-family checkpoints (model_type 'llama': Llama, SmolLM2); got model_type {model_type!r} "
                 f"(architectures {hf.get('architectures')})")
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: model.py implements SwiGLU (silu)")
-        if hf.get("use_sliding_window") or hf.get("attention_bias") or hf.get("mlp_bias"):
-            raise ValueError("sliding-window attention, Llama attention_bias and mlp_bias are not implemented")
+        sliding = hf.get("use_sliding_window") or any(kind != "full_attention" for kind in hf.get("layer_types") or [])
+        if sliding or hf.get("attention_bias") or hf.get("mlp_bias"):
+            raise ValueError("sliding-window attention, attention_bias (Llama, Qwen3) and mlp_bias are not "
+                             "implemented")
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers 5 / 4 layouts
         theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -95,7 +99,7 @@ class ModelConfig:
             head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, ffn_dim=hf["intermediate_size"],
             max_seq_len=hf.get("max_position_embeddings", 32768), rope_theta=float(theta),
             rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
-            norm_eps=hf.get("rms_norm_eps", 1e-6), qkv_bias=model_type == "qwen2",
+            norm_eps=hf.get("rms_norm_eps", 1e-6), qkv_bias=model_type == "qwen2", qk_norm=model_type == "qwen3",
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
     def to_hf(self, dtype: torch.dtype) -> dict:
@@ -103,9 +107,10 @@ class ModelConfig:
 
         The rope keys use the transformers-4 layout (rope_theta, rope_scaling), which transformers 5 and vLLM read too.
         """
+        model_type = "qwen3" if self.qk_norm else "qwen2" if self.qkv_bias else "llama"
+        architecture = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
         return {
-            "architectures": ["Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"],
-            "model_type": "qwen2" if self.qkv_bias else "llama", "vocab_size": self.vocab_size,
+            "architectures": [architecture[model_type]], "model_type": model_type, "vocab_size": self.vocab_size,
             "hidden_size": self.dim, "intermediate_size": self.ffn_dim, "num_hidden_layers": self.n_layers,
             "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads, "head_dim": self.head_dim,
             "hidden_act": "silu", "max_position_embeddings": self.max_seq_len, "rope_theta": self.rope_theta,
@@ -181,11 +186,17 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        if config.qk_norm:  # Qwen3
+            self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
 
     def forward(self, x, cos, sin, mask, cache, slots):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):  # Qwen3: each head's query and key normalised, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
@@ -389,11 +400,11 @@ class Transformer(nn.Module):
 
     def save_pretrained(self, out_dir: str, tokenizer=None):
         """Write a Hugging Face checkpoint that transformers' AutoModelForCausalLM (and from_pretrained here) loads:
-        config.json (model_type qwen2 when the model has q/k/v biases, else llama) and model.safetensors in the
+        config.json (model_type qwen3 with q/k norms, qwen2 with q/k/v biases, else llama) and model.safetensors in the
         weights' dtype, LoRA adapters folded in (the live model is not changed); a tied head is stored once, as
         the embedding. config.json takes bos/eos/pad_token_id from `tokenizer` (null without one, not Llama's
         defaults), and the tokenizer's files are written beside the weights with its own save_pretrained (for
-        data.CharTokenizer a marker file, which data.load_tokenizer reads back).
+        template.CharTokenizer a marker file, which template.load_tokenizer reads back).
         """
         from safetensors.torch import save_file  # installed with transformers
         os.makedirs(out_dir, exist_ok=True)

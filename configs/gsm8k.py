@@ -27,6 +27,10 @@ reward_weights = {"correctness": 1.0, "format": 0.1}  # the answer is what count
 beta = 0.001  # DeepSeekMath's 0.04 holds a small model near its start; 1e-3 is the small-scale recipes' (nano-aha-moment, open-instruct)
 clip_eps = 0.2  # PPO's and DeepSeekMath's
 mu = 1  # one update per batch of samples (DeepSeekMath): the ratio is 1, clipping never acts
+# truncated importance sampling: the sampler is a bf16 copy decoding with a KV cache, so its log-probs of the tokens
+# it drew differ a little from the trainer's (logprob_gap in log.jsonl): each token's policy-gradient term is weighed
+# by pi_trainer / pi_sampler capped at 2 (Yao et al. 2025; TRL's default cap), tis_capped_frac the share capped
+tis_cap = 2.0
 
 max_steps = 300  # 300 x 32 = 9,600 questions, about 1.3 epochs of the training set
 lr = 2e-6  # DeepSeekMath used 1e-6 for 7B; public GSM8K recipes for 0.5B-1.5B use 2.5e-6 to 5e-6

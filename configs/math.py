@@ -47,6 +47,10 @@ reward_weights = {"correctness": 1.0, "format": 0.1}  # the answer is what count
 beta = 0.0  # Dr. GRPO and Oat-Zero train without a KL term (SimpleRL-Zoo uses 1e-4); saves the reference's memory
 clip_eps = 0.2  # PPO's and DeepSeekMath's
 mu = 1  # one update per batch of samples: the ratio is 1, clipping never acts
+# truncated importance sampling: the sampler is a bf16 copy decoding with a KV cache, so its log-probs of the tokens
+# it drew differ a little from the trainer's (logprob_gap in log.jsonl): each token's policy-gradient term is weighed
+# by pi_trainer / pi_sampler capped at 2 (Yao et al. 2025; TRL's default cap), tis_capped_frac the share capped
+tis_cap = 2.0
 # Dr. GRPO's unbiased variant: --adv_scale=none --loss_agg=constant
 
 max_steps = 300  # 300 x 32 = 9,600 questions, a little over one epoch of the ~8,900 levels 3-5 problems

@@ -195,3 +195,48 @@ def test_bad_inputs_are_refused():
         grpo_loss(torch.zeros(2, 3), None, None, torch.zeros(2), torch.ones(2, 3), beta=0.0, loss_agg="mean")
     with pytest.raises(ValueError, match="claim_ends must lie"):
         process_advantages(torch.zeros(2, 1), torch.tensor([[0], [5]]), group_size=2, seq_len=5)
+
+
+def test_truncated_importance_sampling_by_hand():
+    """Issue 43: tis_cap weighs each token's clipped policy-gradient term by w = min(exp(old - sampler), cap),
+    detached, and leaves the KL term alone. Two completions of 3 and 2 tokens, mu = 1 (old = logp.detach(): ratio 1),
+    advantages +1 and -0.5, cap 2, beta 0.1 with the reference equal to the policy (k3 = 0, but its gradient is
+    checked through a reference apart). Sampler log-probs lie below the trainer's by 0.1, 1.0 (capped: e^1 > 2),
+    0.0 / 0.5, -0.2; the third token of row 1 is padding."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, 0.0]], requires_grad=True)
+    sampler = logp.detach() - torch.tensor([[0.1, 1.0, 0.0], [0.5, -0.2, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    adv = torch.tensor([1.0, -0.5])
+    w = torch.tensor([[math.exp(0.1), 2.0, 1.0], [math.exp(0.5), math.exp(-0.2), 0.0]])
+    loss, stats = grpo_loss(logp, None, None, adv, mask, beta=0.0, sampler_logp=sampler, tis_cap=2.0)
+    # seq_mean: sum_i (sum_t -A_i w_it / |o_i|) / N, the ratio being 1
+    expected = (-(w[0].sum()) / 3 + 0.5 * (w[1, 0] + w[1, 1]) / 2) / 2
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    loss.backward()
+    grad = torch.tensor([[-1 / 3 / 2] * 3, [0.5 / 2 / 2] * 2 + [0.0]]) * w  # w is a constant: no gradient through it
+    assert torch.allclose(logp.grad, grad, atol=1e-7)
+    assert stats["tis_capped_frac"].item() == pytest.approx(1 / 5) and stats["tis_weight_mean"].item() == pytest.approx(
+        (w[0].sum() + w[1, 0] + w[1, 1]).item() / 5)
+    plain, plain_stats = grpo_loss(logp, None, None, adv, mask, beta=0.0, sampler_logp=sampler)  # off: the default
+    assert plain.item() == pytest.approx(((-3 / 3) + 0.5 * 2 / 2) / 2) and "tis_capped_frac" not in plain_stats
+    # the KL term is not weighted: with a reference apart, the loss adds beta * k3 unweighted
+    ref = logp.detach() + 0.3
+    with_kl, _ = grpo_loss(logp, None, ref, adv, mask, beta=0.1, sampler_logp=sampler, tis_cap=2.0)
+    k3 = math.exp(0.3) - 0.3 - 1
+    assert with_kl.item() == pytest.approx(expected.item() + 0.1 * k3, rel=1e-6)
+    with pytest.raises(ValueError, match="tis_cap needs sampler_logp"):
+        grpo_loss(logp, None, None, adv, mask, beta=0.0, tis_cap=2.0)
+
+
+def test_tis_cap_is_a_config_key_checked_once_and_logged_when_on(tmp_path):
+    import json
+    import train
+    from config import TrainConfig
+    from test_guards import tiny
+    assert TrainConfig().tis_cap is None
+    with pytest.raises(ValueError, match="tis_cap must be None"):
+        TrainConfig(tis_cap=0.5)
+    train.train(tiny(tmp_path, max_steps=1, tis_cap=2.0))
+    with open(tmp_path / "log.jsonl") as f:
+        record = json.loads(f.readline())
+    assert 0 <= record["tis_capped_frac"] <= 1 and record["tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -273,3 +274,31 @@ def test_dataset_math_trains_and_evaluates_with_the_math_checker_end_to_end(tmp_
                            str(tmp_path / "math_run" / "heldout.jsonl"), "--device", "cpu", "--answer_checker",
                            "gsm8k", "--out", str(tmp_path / "ev2")])
     assert chosen["answer_checker"] == "gsm8k" and "by_level" in chosen
+
+
+def test_eval_grades_with_math_verify_beside_the_checker_when_asked(monkeypatch):
+    """Issue 43: --grader math_verify|both scores every completion with Math-Verify too (the grader SimpleRL-Zoo and
+    Oat-Zero report with), its pass@1 beside the checker's and the share on which they agree. Answers in the tags
+    are read from the last answer tag (Math-Verify alone would take 72 from the think block below)."""
+    pytest.importorskip("math_verify", reason="the Math-Verify grader needs pip install math-verify (optional)")
+    rows = [{"question": "q one", "gold": "\\frac{\\pi}{2}"}, {"question": "q two", "gold": "73"},
+            {"question": "q three", "gold": "11"}]
+    answers = {"q one": "3*24=72</think> <answer>\\dfrac{\\pi}{2}</answer>",
+               "q two": "3*24=72</think> <answer>73</answer>",
+               "q three": "3*24=72</think> <answer>\\boxed{x = 11}</answer>"}
+    monkeypatch.setattr(rollout, "generate", scripted(answers))
+    model = Transformer(ModelConfig(vocab_size=len(CharTokenizer()), dim=8, n_layers=1, n_heads=1, n_kv_heads=1,
+                                    head_dim=8, ffn_dim=8))
+    summary = eval_py.evaluate(model, CharTokenizer(), rows, template="plain", progress=False,
+                               math_verify=eval_py.math_verify_grader())
+    # the GSM8K checker reads numbers: pi/2 is not one, 73 and "x = 11" in a box are right
+    assert summary["pass@1"] == pytest.approx(2 / 3) and summary["pass@1_math_verify"] == 1.0
+    assert summary["graders_agree"] == pytest.approx(2 / 3)
+
+
+def test_the_math_verify_grader_without_its_package_is_refused_before_any_work(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # as if not installed
+    with pytest.raises(RuntimeError, match="--grader math_verify needs the math-verify package: pip install"):
+        eval_py.main(["--model", "nowhere/model", "--data", "data/math500/test.jsonl", "--grader", "both",
+                      "--out", str(tmp_path / "eval")])
+    assert not (tmp_path / "eval").exists()

@@ -1,11 +1,12 @@
-"""model.py against transformers: same logits on tiny random Qwen2/Llama models, same greedy text on SmolLM2."""
+"""model.py against transformers: same logits on tiny random Qwen2/Qwen3/Llama models, same greedy text on SmolLM2."""
 import json
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 from conftest import package_dir
 from template import CharTokenizer, load_tokenizer
@@ -24,6 +25,14 @@ def tiny_hf(kind, tied, **extra):
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
+    elif kind == "qwen3":  # head_dim 32, not hidden_size / heads = 16, as in Qwen3-0.6B (1024 / 16 heads, head_dim 128)
+        config = Qwen3Config(**TINY, tie_word_embeddings=tied, head_dim=32,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **extra)
+        model = Qwen3ForCausalLM(config)
+        with torch.no_grad():  # transformers inits the q/k norms to ones; random ones make the norms count
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.normal_(1, 0.3)
+                layer.self_attn.k_norm.weight.normal_(1, 0.3)
     else:
         config = LlamaConfig(**TINY, tie_word_embeddings=tied, head_dim=16, **extra)
         model = LlamaForCausalLM(config)
@@ -45,7 +54,7 @@ def hf_logits(hf, ids, mask):
         return hf(input_ids=ids, attention_mask=mask, position_ids=positions).logits
 
 
-CASES = [("qwen2", True), ("qwen2", False), ("llama", True), ("llama", False)]
+CASES = [("qwen2", True), ("qwen2", False), ("qwen3", True), ("qwen3", False), ("llama", True), ("llama", False)]
 
 
 @pytest.mark.parametrize("kind,tied", CASES)
@@ -54,6 +63,7 @@ def test_logits_match_transformers_after_save_pretrained(kind, tied, tmp_path):
     hf.save_pretrained(tmp_path)
     ours = Transformer.from_pretrained(str(tmp_path)).eval()
     assert ours.config.tie_embeddings == tied and ours.config.qkv_bias == (kind == "qwen2")
+    assert ours.config.qk_norm == (kind == "qwen3") and ours.config.head_dim == (32 if kind == "qwen3" else 16)
     ids, mask = ragged_batch()
     with torch.no_grad():
         full = ours(ids)
@@ -161,8 +171,8 @@ def train_a_little(model, steps=3):
     return model.eval()
 
 
-@pytest.mark.parametrize("kind,tied,lora", [("qwen2", True, False), ("llama", False, False),
-                                            ("qwen2", False, True), ("llama", True, True)])
+@pytest.mark.parametrize("kind,tied,lora", [("qwen2", True, False), ("llama", False, False), ("qwen3", True, False),
+                                            ("qwen2", False, True), ("llama", True, True), ("qwen3", False, True)])
 def test_save_pretrained_round_trips_through_transformers_after_training(kind, tied, lora, tmp_path):
     hf = tiny_hf(kind, tied)
     ids, mask = ragged_batch()
@@ -320,3 +330,30 @@ def test_a_checkpoint_loads_without_random_init_and_without_copying(monkeypatch)
         assert loaded.embed.weight.data_ptr() == state["model"]["embed.weight"].data_ptr()  # taken, not copied
         assert all(p.requires_grad == ("lora_" in name or not lora) for name, p in loaded.named_parameters())
         assert loaded.inv_freq.device.type == "cpu"
+
+
+def test_qwen3_greedy_decoding_matches_transformers_token_for_token():
+    """Issue 43: sample.generate on a Qwen3 model (q/k norms, head_dim 32 with 4 heads of a 64-wide model) writes the
+    very tokens transformers' generate writes, greedily, on a ragged batch."""
+    from sample import generate
+    hf = tiny_hf("qwen3", tied=True)
+    with torch.no_grad():  # larger weights: continuations that depend on the context
+        for weight in hf.parameters():
+            if weight.dim() == 2:
+                weight.mul_(6)
+    ours = Transformer.from_hf_model(hf).eval()
+    prompts = [[5, 17, 3, 44, 9], [8, 1, 90, 33, 2, 61, 7, 12, 40], [70, 6, 6]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    expected = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                           eos_token_id=None)[:, width:]
+    ours_tokens = generate(ours, prompts, 12, temperature=0).tokens
+    assert torch.equal(ours_tokens, expected) and len(set(expected.flatten().tolist())) > 5
+
+
+def test_qwen3_with_sliding_window_or_biases_is_refused_by_name(tmp_path):
+    for extra in (dict(use_sliding_window=True, sliding_window=8), dict(attention_bias=True)):
+        tiny_hf("qwen3", tied=True, **extra).config.save_pretrained(tmp_path)
+        with pytest.raises(ValueError, match="sliding-window attention, attention_bias"):
+            Transformer.from_pretrained(str(tmp_path))

@@ -35,6 +35,19 @@ def tiny_qwen(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory):
+    """A random 2-layer Qwen3 (q/k norms, head_dim 16 with 4 heads of a 32-wide model) with the Qwen vocabulary."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                         tie_word_embeddings=True)
+    path = str(tmp_path_factory.mktemp("tiny_qwen3"))
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
 def gsm8k_dir(tmp_path_factory):
     """A few real GSM8K rows in the train.py data layout (the whole train split would only cost tokenizing time)."""
     path = str(tmp_path_factory.mktemp("gsm8k"))
@@ -289,3 +302,26 @@ def test_set_attention_backends_turns_cudnn_attention_off_on_cuda_only(monkeypat
     set_attention_backends(torch.device("cpu"))
     set_attention_backends(torch.device("cuda", 0))
     assert calls == [False]
+
+
+def test_a_qwen3_checkpoint_trains_with_lora_on_every_target_and_exports_as_qwen3(tiny_qwen3, gsm8k_dir, tmp_path,
+                                                                                   monkeypatch):
+    """Issue 43: a Qwen3 directory loads, trains (LoRA on every projection, the KL's reference its base), resumes, and
+    its hf/ export is a Qwen3 checkpoint that transformers loads with the run's logits."""
+    from transformers import AutoModelForCausalLM
+    from checkpoint import model_from_checkpoint, read_checkpoint
+    from model import LORA_TARGETS
+    from test_guards import reward_first_token_parity
+    reward_first_token_parity(monkeypatch)  # a random model earns no real reward: a signal for the adapters
+    out = str(tmp_path / "run")
+    lora = dict(lora_rank=4, lora_targets=LORA_TARGETS, lr=1e-2, group_size=4, micro_batch_size=4)
+    train.train(tiny_run(tiny_qwen3, gsm8k_dir, out, max_steps=1, **lora))
+    train.train(tiny_run(tiny_qwen3, gsm8k_dir, out, max_steps=2, resume=True, **lora))
+    assert [r["step"] for r in read_log(out)] == [1, 2] and all(r["kl"] is not None for r in read_log(out))
+    policy = model_from_checkpoint(read_checkpoint(os.path.join(out, "ckpt.pt"))).eval()
+    assert policy.config.qk_norm and any(m.lora_B.abs().sum() > 0 for m in policy.modules() if hasattr(m, "lora_B"))
+    exported = AutoModelForCausalLM.from_pretrained(os.path.join(out, "hf"), dtype=torch.float32).eval()
+    assert type(exported).__name__ == "Qwen3ForCausalLM" and exported.config.head_dim == 16
+    ids = torch.randint(0, 151936, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, policy(ids), atol=1e-4, rtol=0)
