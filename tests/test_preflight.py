@@ -161,3 +161,12 @@ def test_a_prefill_that_does_not_fit_is_refused_before_any_work_naming_the_knobs
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: shutil.disk_usage("/")._replace(free=10**15))
     with pytest.raises(RuntimeError, match=r"prefill .* shorter prompts \(the prefill\)"):
         preflight.check_machine(cfg, torch.device("cuda"), config, prompt_len=1500)
+
+
+def test_tools_memory_prints_the_estimate_without_a_gpu_or_the_weights(tmp_path):
+    """tools/memory.py: the preflight's estimate of a config, from a config.json and a longest prompt, offline."""
+    import memory
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_1_5B))
+    line = memory.main([os.path.join(ROOT, "configs", "math.py"), f"--hf_config={tmp_path / 'config.json'}",
+                        "--prompt_len=1740"])
+    assert line.startswith("Qwen/Qwen2.5-Math-1.5B (its shape: ") and "1740 tokens: 57.62 GB at least (held: " in line
