@@ -357,3 +357,45 @@ def test_qwen3_with_sliding_window_or_biases_is_refused_by_name(tmp_path):
         tiny_hf("qwen3", tied=True, **extra).config.save_pretrained(tmp_path)
         with pytest.raises(ValueError, match="sliding-window attention, attention_bias"):
             Transformer.from_pretrained(str(tmp_path))
+
+
+def test_a_qwen3_gguf_file_loads_with_the_logits_of_its_weights(tmp_path):
+    """Issue 43: the GGUF path reads Qwen3 where transformers' GGUF reader does: a GGUF file written here in
+    llama.cpp's layout (its qwen3 names, q/k norms included) loads with the logits of the weights written. (Head_dim is
+    128, as in every Qwen3: transformers' reader takes Qwen3's default head_dim, not the file's.)"""
+    gguf = pytest.importorskip("gguf", reason="the GGUF writer needs pip install gguf (in requirements-test.txt)")
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=128, intermediate_size=112,
+                                      tie_word_embeddings=False, max_position_embeddings=256)).eval()
+    writer = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "qwen3")
+    for add, value in ((writer.add_context_length, 256), (writer.add_block_count, 2), (writer.add_vocab_size, 128),
+                       (writer.add_feed_forward_length, 112), (writer.add_embedding_length, 64),
+                       (writer.add_head_count, 4), (writer.add_head_count_kv, 2), (writer.add_layer_norm_rms_eps, 1e-6),
+                       (writer.add_rope_freq_base, 10000.0), (writer.add_tokenizer_model, "gpt2"),
+                       (writer.add_token_list, [f"t{i}" for i in range(128)]), (writer.add_token_types, [1] * 128),
+                       (writer.add_token_merges, []), (writer.add_eos_token_id, 0)):
+        add(value)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    names.update({f"model.layers.{i}.{hf_name}.weight": f"blk.{i}.{name}.weight" for i in range(2)
+                  for hf_name, name in parts.items()})
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_norm.weight.normal_(1, 0.3)
+            layer.self_attn.k_norm.weight.normal_(1, 0.3)
+    for name, tensor in hf.state_dict().items():
+        writer.add_tensor(names[name], tensor.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours = Transformer.from_pretrained(str(tmp_path), gguf_file="tiny.gguf").eval()
+    ids = torch.randint(0, 128, (2, 9))
+    assert ours.config.qk_norm and ours.config.head_dim == 128
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(input_ids=ids).logits, atol=1e-5, rtol=0)
