@@ -121,7 +121,7 @@ def score_questions(model, tokenizer, rows: list[dict], template, n: int, temper
 def verdict(samples, s: int, template, answer_checker: str, flags: dict, gold: str, math_verify=None) -> dict:
     """Row s of samples (rollout.Samples) as eval.py writes it: the completion, the answer read, whether it is
     correct and well formatted, each completion flag, its length and whether it was truncated; with math_verify,
-    Math-Verify's verdict on the whole response too ("correct_math_verify")."""
+    Math-Verify's verdict too ("correct_math_verify")."""
     text = samples.texts[s]
     graded = {"correct_math_verify": math_verify(template.prefix + text, gold, template)} if math_verify else {}
     return {"completion": text, "answer": final_answer(template.prefix + text, template, answer_checker),
@@ -147,9 +147,8 @@ def math_verify_grader():
 
     def grade(response: str, gold: str, template) -> bool:
         opening, closing = template.answer
-        if opening in response:
-            return bool(verify(parse(f"${gold}$"), parse(f"${response.rpartition(opening)[2].partition(closing)[0]}$")))
-        return bool(verify(parse(f"${gold}$"), parse(response)))
+        tagged = response.rpartition(opening)[2].partition(closing)[0] if opening in response else None
+        return bool(verify(parse(f"${gold}$"), parse(response if tagged is None else f"${tagged}$")))
     return grade
 
 
@@ -158,7 +157,7 @@ def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: flo
     correct = [sum(s["correct"] for s in r["samples"]) for r in records]
     flat = [s for r in records for s in r["samples"]]
     flags = [name for name in completion_flags(template=None) if all(name in s for s in flat)]  # the flags' names
-    pass1, pass1_stderr = mean_and_stderr([pass_at_k(n, c, 1) for c in correct])
+    pass1, pass1_stderr = pass_at_1(records, n, "correct")
     return {"pass@1": pass1, "pass@1_stderr": pass1_stderr,
             **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(records) for k in ks if 1 < k <= n},
             "format_rate": sum(s["format"] for s in flat) / len(flat),
@@ -170,12 +169,16 @@ def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: flo
             **(grader_summary(records, n) if all("correct_math_verify" in s for s in flat) else {})}
 
 
+def pass_at_1(records: list[dict], n: int, verdict: str) -> tuple[float, float]:
+    """pass@1 over questions and its standard error, by each sample's verdict ("correct", "correct_math_verify")."""
+    return mean_and_stderr([pass_at_k(n, sum(s[verdict] for s in r["samples"]), 1) for r in records])
+
+
 def grader_summary(records: list[dict], n: int) -> dict:
     """Math-Verify's figures beside the checker's: pass@1 and its standard error by its verdicts, and the share of
     completions on which the two graders agree."""
-    correct = [sum(s["correct_math_verify"] for s in r["samples"]) for r in records]
     flat = [s for r in records for s in r["samples"]]
-    pass1, stderr = mean_and_stderr([pass_at_k(n, c, 1) for c in correct])
+    pass1, stderr = pass_at_1(records, n, "correct_math_verify")
     return {"pass@1_math_verify": pass1, "pass@1_math_verify_stderr": stderr,
             "graders_agree": sum(s["correct"] == s["correct_math_verify"] for s in flat) / len(flat)}
 

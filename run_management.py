@@ -154,8 +154,8 @@ def model_config(cfg, vocab_size: int) -> ModelConfig | None:
         return ModelConfig.from_hf(json.load(f))
 
 
-PHASES = {"sampling": ("KV cache", "prefill"), "update": ("gradients", "logits chunk")}  # memory_bytes' parts; the
-# others are held through the whole run
+PHASES = {"sampling": ("KV cache", "prefill"), "update": ("gradients", "logits chunk")}  # memory_bytes' parts by phase
+PHASED = {name for names in PHASES.values() for name in names}  # the other parts are held through the whole run
 
 
 def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
@@ -186,15 +186,13 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
 def memory_need(parts: dict[str, int]) -> int:
     """The peak of memory_bytes' parts: what is held, and the larger of the two phases (they never overlap)."""
     phases = [sum(parts[name] for name in names) for names in PHASES.values()]
-    held = sum(value for name, value in parts.items() if not any(name in names for names in PHASES.values()))
-    return held + max(phases)
+    return sum(value for name, value in parts.items() if name not in PHASED) + max(phases)
 
 
 def memory_estimate(parts: dict[str, int]) -> str:
     """memory_need(parts) in words, with its parts: held, and each phase's."""
-    phased = {name for names in PHASES.values() for name in names}
     listed = lambda names: ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])  # noqa: E731
-    return (f"{size(memory_need(parts))} at least (held: {listed([n for n in parts if n not in phased])}; then the "
+    return (f"{size(memory_need(parts))} at least (held: {listed([n for n in parts if n not in PHASED])}; then the "
             f"larger of sampling: {listed(PHASES['sampling'])}, and the update: {listed(PHASES['update'])})")
 
 

@@ -4,8 +4,8 @@ generate() left-pads ragged prompts, prefills them (in one forward pass, or in p
 passes PREFILL_TOKENS), then decodes one token for every row per step. On CUDA a whole decode step (model,
 sampling, bookkeeping) is one CUDA graph replay with no host sync; the host looks at the batch only every
 CHECK_EVERY steps, to end when every row has stopped and to drop finished rows from the batch and the cache once
-half of them have. Attention reads only the first L cache
-slots, L rounded up to a multiple of BUCKET (one graph per bucket), so early steps don't read the whole cache.
+half of them have. Attention reads only the first L cache slots, L rounded up to a multiple of BUCKET (one graph per
+bucket), so early steps don't read the whole cache.
 
 The two GPU-only fast paths, CUDA graphs and the fused Triton sampling kernel (config keys cuda_graphs and
 fused_sampling), fall back to the eager torch path, the one the CPU tests run, on their first failure (a compile,
@@ -34,6 +34,7 @@ BUCKET = 128  # attended cache length is rounded up to a multiple of this: one C
 CHECK_EVERY = 16  # decode steps between host syncs (all rows stopped? compact the batch?)
 PREFILL_TOKENS = 2 ** 17  # rows x padded prompt length per prefill forward: bounds the prefill's activations
 FAST_PATH_DEVICES = ("cuda",)  # where CUDA graphs and the Triton kernel are tried
+GRAPHS, FUSED = "CUDA graphs", "the fused Triton sampling kernel"  # the fast paths, by the names fall_back says
 FALLEN_BACK = set()  # the fast paths that failed in this process: off from then on (fall_back)
 
 
@@ -88,7 +89,7 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
         try:
             return _fused_gumbel_sample(logits, temperature, generator)
         except Exception as error:  # Triton builds its launcher with a C compiler on first use; a launch can fail
-            fall_back("the fused Triton sampling kernel", "fused_sampling", error)
+            fall_back(FUSED, "fused_sampling", error)
     logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
     if temperature == 0:
         ids = logprobs.argmax(-1)
@@ -128,7 +129,7 @@ def _fused_possible(logits, temperature, top_p, top_k) -> bool:
     """Whether the fused kernel applies: Triton importable, logits on a fast-path device, plain tempered sampling, and
     the kernel not fallen back from in this process."""
     return (triton is not None and logits.device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
-            and top_k == 0 and "the fused Triton sampling kernel" not in FALLEN_BACK)
+            and top_k == 0 and FUSED not in FALLEN_BACK)
 
 
 def _fused_gumbel_sample(logits, temperature, generator, block=4096):
@@ -232,7 +233,7 @@ def _captured(step, generator, device):
         try:
             return _capture(step, generator, pool)
         except Exception as error:
-            fall_back("CUDA graphs", "cuda_graphs", error)
+            fall_back(GRAPHS, "cuda_graphs", error)
             return None
 
 
@@ -375,7 +376,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
             if alive <= len(decoder.rows) // 2:
                 decoder.compact()
         decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
-        if not use_graphs or "CUDA graphs" in FALLEN_BACK:
+        if not use_graphs or GRAPHS in FALLEN_BACK:
             decoder.step()
         elif (len(decoder.rows), decoder.attend) != shape:  # a new batch size or bucket: capture a new graph
             replay, shape = None, (len(decoder.rows), decoder.attend)
