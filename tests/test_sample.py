@@ -2,6 +2,7 @@
 match the intended distribution, stop/pad/seed/error behaviour; on a GPU, graphs equal the eager loop."""
 import contextlib
 import importlib.util
+import itertools
 import os
 import subprocess
 import sys
@@ -303,12 +304,27 @@ def test_the_fused_sampler_kernel_matches_torch_in_the_triton_interpreter():
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+def test_a_nan_row_gives_the_fused_sampler_an_id_inside_the_vocabulary_and_a_nan_logprob():
+    """Issue 46: a diverged model's NaN logits make the kernel's argmax name a slot past the vocabulary (the last
+    chunk's padding); the gather that follows would trip a device-side assert, which kills the process. The chunks'
+    combination (run here on the kernel's outputs, faked) clamps the id; the log-prob stays NaN, as the torch path's."""
+    vocab, chunks = 10, 3  # chunks of 4 slots: the last one holds slots 8, 9 and two past the vocabulary
+    logits = torch.randn(2, vocab)
+    logits[1] = float("nan")
+    top, sumexp = torch.zeros(2, chunks), torch.ones(2, chunks)
+    score = torch.tensor([[0.0, 1.0, 0.5], [0.0, 0.0, float("nan")]])  # argmax takes a NaN as the largest
+    chunk_id = torch.tensor([[0, 5, 9], [0, 4, vocab + 1]])  # row 1: the NaN's argmax lands past the end
+    ids, logprobs = sample._combine_chunks(logits, 1.0, top, sumexp, score, chunk_id)
+    assert ids.tolist() == [5, vocab - 1] and logprobs[1].isnan() and logprobs[0].isfinite()
+
+
 @pytest.mark.gpu
 def test_fused_cuda_sampler_draws_from_the_tempered_distribution():
     torch.manual_seed(0)
     logits = (3 * torch.randn(10_000)).to("cuda", torch.bfloat16)  # 3 chunks of 4096: the cross-chunk merge counts
     generator = torch.Generator("cuda").manual_seed(0)
     ids, logprobs = sample.sample_next(logits.expand(40_000, -1), 0.8, 1.0, 0, generator)
+    assert not sample.FALLEN_BACK  # the fused kernel drew these, not the torch ops after a fallback
     expected = (logits.float() / 0.8).log_softmax(-1)
     torch.testing.assert_close(logprobs, expected[ids], atol=1e-5, rtol=0)
     assert_frequencies(torch.bincount(ids, minlength=10_000), expected.exp())
@@ -323,6 +339,7 @@ def test_cuda_graphs_equal_the_eager_loop_and_a_full_forward():
                    dict(temperature=1.0, seed=3, stop_ids=range(40))):  # early stops: compaction and recapture
         graphed = generate(model, prompts, 300, **kwargs)
         eager = generate(model, prompts, 300, cuda_graphs=False, **kwargs)
+        assert graphed.fast_paths["cuda_graphs"] and not eager.fast_paths["cuda_graphs"], sample.FALLEN_BACK
         assert torch.equal(graphed.tokens, eager.tokens), kwargs
         torch.testing.assert_close(graphed.logprobs, eager.logprobs, atol=1e-3, rtol=0)
     greedy = generate(model, prompts, 300, temperature=0)
@@ -345,14 +362,100 @@ def test_per_row_seeds_make_each_row_independent_of_its_batch():
         generate(model, PROMPTS, 4, seed=[1, 2])
 
 
-def one_warning_each(capsys, path: str):
+def one_warning_each(capsys, path: str, doing: str = ""):
+    """One line said, naming the fast path, what it failed to do and the config key that skips it."""
     lines = [line for line in capsys.readouterr().err.splitlines() if "going on with the eager torch path" in line]
-    assert len(lines) == 1 and lines[0].startswith(f"sample.py: {path} failed"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"sample.py: {path} failed {doing}"), lines
+    assert f"{sample.SWITCHES[path]}=False skips the attempt" in lines[0] and lines[0] == sample.FALLEN_BACK[path]
 
 
-def test_a_failing_cuda_graph_capture_falls_back_to_the_eager_loop_with_one_warning(monkeypatch, capsys):
+class FakeCuda:
+    """torch.cuda's graph machinery on the CPU, following torch's own rules (torch 2.11's sources).
+
+    The allocator's private pools, c10/cuda/CUDACachingAllocator.cpp: create_or_incref_pool, called by MemPool()
+    and by every CUDAGraph.capture_begin(pool=id), makes a pool with one user for an id it has not seen, and for a
+    known id asserts TORCH_INTERNAL_ASSERT(use_count > 0) before counting one more user; releasePool, called by
+    CUDAGraph::reset (when a graph whose capture ended is freed) and by ~MemPool, counts one fewer and keeps the pool
+    under its id at 0 users. graph_pool_handle() only draws a fresh id (aten/src/ATen/cuda/MemPool.cpp), making no
+    pool. A capture records the step's work without running it (the decoder's step is intercepted while a capture
+    is under way); each replay runs it."""
+
+    def __init__(self):
+        self.users, self.ids, self.pools_made = {}, itertools.count(1), 0
+        self.capturing, self.captures = None, []  # the graph being captured; (rows, attended slots) of each capture
+
+    def incref(self, pool):
+        if pool in self.users and self.users[pool] <= 0:
+            raise RuntimeError("!(it->second->use_count > 0) INTERNAL ASSERT FAILED at "
+                               "c10/cuda/CUDACachingAllocator.cpp, please report a bug to PyTorch.")
+        self.users[pool] = self.users.get(pool, 0) + 1
+
+    def release(self, pool):
+        self.users[pool] -= 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """sample.py's CUDA graph path on the CPU, through FakeCuda; yields it."""
+    cuda = FakeCuda()
+
+    class MemPool:
+        def __init__(self):
+            cuda.pools_made += 1
+            self.id = (0, next(cuda.ids))
+            cuda.incref(self.id)
+
+        def __del__(self):
+            cuda.release(self.id)
+
+    class CUDAGraph:
+        pool, ended = None, False
+
+        def register_generator_state(self, generator):
+            pass
+
+        def capture_begin(self, pool=None):
+            self.pool, self.work = pool or (next(cuda.ids), 0), []
+            cuda.incref(self.pool)
+            cuda.capturing = self
+
+        def capture_end(self):
+            cuda.capturing, self.ended = None, True
+
+        def replay(self):
+            for work in self.work:
+                work()
+
+        def __del__(self):
+            if self.ended:
+                cuda.release(self.pool)
+
+    real_step = sample._Decoder.step
+
+    def step(decoder):
+        if cuda.capturing is None:
+            return real_step(decoder)
+        cuda.capturing.work.append(lambda: real_step(decoder))
+        cuda.captures.append((len(decoder.rows), decoder.attend))
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+    monkeypatch.setattr(sample._Decoder, "step", step)
+    monkeypatch.setattr(sample, "FAST_PATH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(sample, "GRAPH_RESOURCES", {})
+    for name, fake in dict(MemPool=MemPool, CUDAGraph=CUDAGraph, graph_pool_handle=lambda: (0, next(cuda.ids)),
+                           Stream=lambda device=None: Stream(), current_stream=lambda device=None: Stream(),
+                           stream=lambda stream: contextlib.nullcontext(), synchronize=lambda device=None: None,
+                           device=lambda device: contextlib.nullcontext()).items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    return cuda
+
+
+def test_a_failing_cuda_graph_capture_falls_back_to_the_eager_loop_with_one_warning(monkeypatch, capsys, fake_cuda):
     """Issue 42: the capture fails (mocked: the CPU has no CUDA graphs); the step it warmed up with still counts, the
-    rest decodes eagerly, the tokens are the eager loop's, one line says so, and a later call stays eager silently."""
+    rest decodes eagerly, the tokens are the eager loop's, one line says so, and a later call stays eager silently;
+    each rollout says CUDA graphs did not decode it (issue 46)."""
     model = tiny_model()
     eager = generate(model, PROMPTS, 20, temperature=1.0, seed=3, cuda_graphs=False)
     captures = []
@@ -360,15 +463,25 @@ def test_a_failing_cuda_graph_capture_falls_back_to_the_eager_loop_with_one_warn
     def failing_capture(step, generator, pool):
         captures.append(1)
         raise RuntimeError("operation not permitted when stream is capturing\n(more lines)")
-    monkeypatch.setattr(sample, "FALLEN_BACK", set())
-    monkeypatch.setattr(sample, "FAST_PATH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(sample, "_graph_stream", contextlib.contextmanager(lambda device: (yield None)))
     monkeypatch.setattr(sample, "_capture", failing_capture)
     for _ in range(2):
-        out = generate(model, PROMPTS, 20, temperature=1.0, seed=3, cuda_graphs=True)
+        out = generate(model, PROMPTS, 20, temperature=1.0, seed=3, cuda_graphs=True, fused_sampling=False)
         assert torch.equal(out.tokens, eager.tokens) and torch.equal(out.logprobs, eager.logprobs)
+        assert out.fast_paths == {"cuda_graphs": False}
     assert len(captures) == 1 and sample.GRAPHS in sample.FALLEN_BACK
-    one_warning_each(capsys, "CUDA graphs")
+    one_warning_each(capsys, "CUDA graphs", "to capture a decode step (RuntimeError: operation not permitted")
+
+
+def test_cuda_graphs_that_cannot_even_be_set_up_fall_back_too(monkeypatch, capsys):
+    """A fast-path device without CUDA (the CPU, made one here; bench.py --fast_paths_on_cpu rehearses the same):
+    making the side stream and the pool fails, which is a fallback like any other, not a crash."""
+    monkeypatch.setattr(sample, "FAST_PATH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(sample, "GRAPH_RESOURCES", {})
+    model = tiny_model()
+    eager = generate(model, PROMPTS, 20, temperature=1.0, seed=3, cuda_graphs=False)
+    out = generate(model, PROMPTS, 20, temperature=1.0, seed=3, fused_sampling=False)
+    assert torch.equal(out.tokens, eager.tokens) and out.fast_paths == {"cuda_graphs": False}
+    one_warning_each(capsys, "CUDA graphs", "to set up (a side stream and a memory pool)")
 
 
 def test_a_failing_fused_sampling_kernel_falls_back_to_the_torch_ops_with_one_warning(monkeypatch, capsys):
@@ -381,15 +494,14 @@ def test_a_failing_fused_sampling_kernel_falls_back_to_the_torch_ops_with_one_wa
     def failing_kernel(logits, temperature, generator):
         launches.append(1)
         raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
-    monkeypatch.setattr(sample, "FALLEN_BACK", set())
-    monkeypatch.setattr(sample, "_fused_possible", lambda logits, temperature, top_p, top_k:
+    monkeypatch.setattr(sample, "_fused_possible", lambda device, temperature, top_p, top_k:
                         sample.FUSED not in sample.FALLEN_BACK)
     monkeypatch.setattr(sample, "_fused_gumbel_sample", failing_kernel)
     for _ in range(2):
         out = generate(model, PROMPTS, 12, temperature=1.0, seed=5)
         assert torch.equal(out.tokens, plain.tokens) and torch.equal(out.logprobs, plain.logprobs)
     assert len(launches) == 1
-    one_warning_each(capsys, "the fused Triton sampling kernel")
+    one_warning_each(capsys, sample.FUSED, "to compile or launch")
 
 
 def test_a_failure_inside_a_capture_ends_the_capture_and_raises_the_steps_own_error(monkeypatch):
@@ -417,24 +529,25 @@ def test_a_failure_inside_a_capture_ends_the_capture_and_raises_the_steps_own_er
     assert events == [("begin", "the one pool"), "end"]
 
 
-def test_every_capture_shares_one_side_stream_and_one_memory_pool(monkeypatch):
-    """Issue 42: a new pool per capture (about 8 a rollout) grew reserved memory step after step; one stream and
-    one pool per device serve every capture of the process."""
-    made = []
-
-    class Stream:
-        def wait_stream(self, other):
-            pass
-    monkeypatch.setattr(sample, "GRAPH_RESOURCES", {})
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: made.append("stream") or Stream())
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: made.append("pool") or ("pool", len(made)))
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    pools = []
-    for _ in range(3):
-        with sample._graph_stream(torch.device("cuda", 0)) as pool:
-            pools.append(pool)
-    assert made == ["stream", "pool"] and pools[0] == pools[1] == pools[2]
+def test_captures_across_rollouts_buckets_and_compactions_never_find_their_pool_released(monkeypatch, fake_cuda):
+    """Issue 46: sample.py passed one graph_pool_handle() to every capture; the allocator (fake_cuda follows its
+    rule) refuses a capture into a pool once every graph captured into it is freed, which happened at the first new
+    bucket: every later capture of the process failed and decoding went eager. With a MemPool alive as long as the
+    process, two rollouts with bucket changes and a compaction each make several captures, none fails, the pool's
+    count of users comes back to the MemPool's own, and the tokens are the eager loop's."""
+    monkeypatch.setattr(sample, "BUCKET", 8)  # a new bucket, so a new capture, every 8 tokens
+    monkeypatch.setattr(sample, "CHECK_EVERY", 4)
+    model, prompts, stops = tiny_model(), PROMPTS * 4, dict(stop_ids=range(0, VOCAB, 9))
+    eager = generate(model, prompts, 40, seed=3, cuda_graphs=False, fused_sampling=False, **stops)
+    for _ in range(2):
+        captured = len(fake_cuda.captures)
+        out = generate(model, prompts, 40, seed=3, fused_sampling=False, **stops)
+        shapes = fake_cuda.captures[captured:]
+        assert len(shapes) >= 4 and len({rows for rows, _ in shapes}) >= 2, shapes  # buckets, and a compaction
+        assert torch.equal(out.tokens, eager.tokens) and torch.equal(out.logprobs, eager.logprobs)
+        assert out.fast_paths == {"cuda_graphs": True} and not sample.FALLEN_BACK
+    (stream, pool), = sample.GRAPH_RESOURCES.values()  # one stream and one pool served every capture
+    assert fake_cuda.pools_made == 1 and fake_cuda.users == {pool.id: 1}  # the graphs are gone, the MemPool holds on
 
 
 def test_the_prefill_in_pieces_of_rows_equals_one_prefill_and_frees_its_hidden_states(monkeypatch):

