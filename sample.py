@@ -95,7 +95,7 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
         try:
             return _fused_gumbel_sample(logits, temperature, generator)
         except Exception as error:  # Triton builds its launcher with a C compiler on first use; a launch can fail
-            fall_back(FUSED, "to compile or launch (Triton needs a C compiler: set CC)", error)
+            fall_back(FUSED, "to compile or launch", error)
     logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
     if temperature == 0:
         ids = logprobs.argmax(-1)
@@ -235,7 +235,7 @@ def prefill_nbytes(config, batch_size: int, prompt_len: int, dtype: torch.dtype)
     return max(attention, mlp) + 2 * tokens * config.dim * elem + batch_size * config.vocab_size * (elem + 8)
 
 
-GRAPH_RESOURCES = {}  # device -> (side stream, torch.cuda.MemPool): one of each serves every capture of the process
+GRAPH_RESOURCES = {}  # device -> (side stream, pool id, keeper graph): one of each serves every capture of the process
 
 
 def _captured(step, generator, device):
@@ -243,9 +243,10 @@ def _captured(step, generator, device):
     the side stream every capture shares; returns the graph's replay, or None when the capture failed (fall_back:
     the caller goes on eagerly)."""
     try:
-        stream, pool = _graph_resources(device)
+        stream, pool, _ = _graph_resources(device)
     except Exception as error:  # no CUDA stream or pool to be had on this device
         fall_back(GRAPHS, "to set up (a side stream and a memory pool)", error)
+        _unstick(generator, device)
         step()
         return None
     stream.wait_stream(torch.cuda.current_stream())
@@ -253,9 +254,10 @@ def _captured(step, generator, device):
         with torch.cuda.stream(stream):
             step()
             try:
-                return _capture(step, generator, pool.id)
+                return _capture(step, generator, pool)
             except Exception as error:
                 fall_back(GRAPHS, "to capture a decode step", error)
+                _unstick(generator, device)
                 return None
     finally:
         torch.cuda.current_stream().wait_stream(stream)
@@ -264,20 +266,38 @@ def _captured(step, generator, device):
 def _graph_resources(device):
     """The side stream and the memory pool that every capture on device shares, made once per process.
 
-    The pool is a torch.cuda.MemPool, alive as long as the process, and not a bare graph_pool_handle(): the caching
-    allocator counts a pool's users (create_or_incref_pool at each capture_begin, releasePool when a graph is freed,
-    c10/cuda/CUDACachingAllocator.cpp) and refuses a capture into a pool whose count fell to 0, which a handle's does
-    as soon as its graphs are gone (each rollout's end, each new bucket). A MemPool holds one count itself, so every
-    capture of every rollout reuses its memory: reserved memory stays flat from step to step."""
+    The pool lives as long as the process because a graph captured into it does: the keeper, a one-kernel graph
+    never replayed. A bare pool id (graph_pool_handle) would not do: the device's caching allocator and the pinned
+    host one each count a pool's users (capture_begin adds one in both, a freed graph takes its one back: torch 2.11,
+    c10/cuda/CUDACachingAllocator.cpp create_or_incref_pool and releasePool, aten/src/ATen/core/
+    CachingHostAllocator.h) and refuse a capture into a pool whose count fell to 0, as it does when a rollout's
+    graphs are freed; a torch.cuda.MemPool holds a count in the device allocator only. With the keeper, every capture
+    of every rollout reuses the pool's memory: reserved memory stays flat from step to step."""
     if device not in GRAPH_RESOURCES:
         with torch.cuda.device(device):
-            GRAPH_RESOURCES[device] = (torch.cuda.Stream(device), torch.cuda.MemPool())
+            stream, pool, keeper = torch.cuda.Stream(device), torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                keeper.capture_begin(pool=pool)
+                torch.zeros(1, device=device)  # one kernel: torch warns of an empty graph
+                keeper.capture_end()
+        GRAPH_RESOURCES[device] = (stream, pool, keeper)
     return GRAPH_RESOURCES[device]
 
 
+def _unstick(generator, device):
+    """After a capture that failed once begun: each CUDA generator it registered (ours and the device's default one)
+    is left marked as capturing, and its next eager draw fails ("Offset increment outside graph capture"); give each
+    a fresh copy of its own state (the same seed and offset), so the eager path draws what it would have."""
+    if device.type != "cuda":
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    for stuck in (generator, torch.cuda.default_generators[index]):
+        stuck.graphsafe_set_state(stuck.clone_state())
+
+
 def _capture(step, generator, pool):
-    """step() captured in a CUDA graph in pool (a pool id), each replay drawing fresh noise from generator; returns its
-    replay. A failure inside the capture ends it before the error propagates, so the stream is usable again (for the
+    """step() captured in a CUDA graph in pool, each replay drawing fresh noise from generator; returns its replay. A
+    failure inside the capture ends it before the error propagates, so the stream is usable again (for the
     eager path, and for the checkpoint that a failing step writes)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -28,7 +28,9 @@ def qwen_tokenizer_dir() -> str:
 
 @pytest.fixture(autouse=True)
 def no_fallback_yet(monkeypatch):
-    """Every test starts with no GPU fast path fallen back (sample.FALLEN_BACK is process-wide: one test's fallback
-    would otherwise turn the path off for every later test, and a GPU test of the path would pass on the eager one)."""
+    """Every test starts with no GPU fast path fallen back and no graph pool (sample.FALLEN_BACK and GRAPH_RESOURCES
+    are process-wide: one test's fallback would otherwise turn the path off for every later test, a GPU test of the
+    path would pass on the eager one, and a pool a failed capture left recording would fail the next test's)."""
     import sample
     monkeypatch.setattr(sample, "FALLEN_BACK", {})
+    monkeypatch.setattr(sample, "GRAPH_RESOURCES", {})

@@ -75,6 +75,31 @@ def test_cuda_graphs_keep_reserved_memory_flat_over_rollouts():
     assert reserved[-1] == reserved[1], reserved
 
 
+def test_a_capture_that_fails_once_begun_falls_back_to_the_eager_tokens(monkeypatch):
+    """Issue 47: on an H200 a capture failed inside capture_begin, after torch had marked our generator and the
+    device's default one as capturing; the eager fallback then died on its first draw ("Offset increment outside
+    graph capture encountered unexpectedly"). A capture made to fail the same way (begun on the default stream, which
+    capture_begin refuses) falls back: the tokens are the eager loop's, and the default generator draws again."""
+    import sample
+    from sample import generate
+
+    def failing_capture(step, generator, pool):
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(generator)
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            graph.capture_begin(pool=pool)
+    monkeypatch.setattr(sample, "_capture", failing_capture)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+                                    ffn_dim=256, max_seq_len=512)).cuda().bfloat16().eval()
+    prompts = [torch.randint(1, 512, (n,)).tolist() for n in range(20, 36)]
+    eager = generate(model, prompts, 40, seed=1, cuda_graphs=False)
+    out = generate(model, prompts, 40, seed=1)
+    assert sample.GRAPHS in sample.FALLEN_BACK and out.fast_paths == {"cuda_graphs": False, "fused_sampling": True}
+    assert torch.equal(out.tokens, eager.tokens)
+    assert torch.randn(4, device="cuda").isfinite().all()
+
+
 def test_masked_gqa_attention_on_cuda_stays_off_the_math_backend():
     """Issue 42: a padded prefill of configs/math.py's shape per layer, 16 rows x 1,740 tokens, 12 query heads over 2
     KV heads: with K/V repeated its peak stays far below the math backend's fp32 scores (16 x 12 x 1740^2 x 4 B =

@@ -370,43 +370,42 @@ def one_warning_each(capsys, path: str, doing: str = ""):
 
 
 class FakeCuda:
-    """torch.cuda's graph machinery on the CPU, following torch's own rules (torch 2.11's sources).
+    """torch.cuda's graph machinery on the CPU, following torch 2.11's own rules.
 
-    The allocator's private pools, c10/cuda/CUDACachingAllocator.cpp: create_or_incref_pool, called by MemPool()
-    and by every CUDAGraph.capture_begin(pool=id), makes a pool with one user for an id it has not seen, and for a
-    known id asserts TORCH_INTERNAL_ASSERT(use_count > 0) before counting one more user; releasePool, called by
-    CUDAGraph::reset (when a graph whose capture ended is freed) and by ~MemPool, counts one fewer and keeps the pool
-    under its id at 0 users. graph_pool_handle() only draws a fresh id (aten/src/ATen/cuda/MemPool.cpp), making no
-    pool. A capture records the step's work without running it (the decoder's step is intercepted while a capture
-    is under way); each replay runs it."""
+    Private pools are counted twice, by the device's caching allocator (c10/cuda/CUDACachingAllocator.cpp:
+    create_or_incref_pool and releasePool) and by the pinned host one (aten/src/ATen/core/CachingHostAllocator.h:
+    create_or_incref_pool_under_lock, release_pool), each by the same rule: the first use of an id makes a pool with
+    one user; a later one asserts TORCH_INTERNAL_ASSERT(use_count > 0) before counting one more; a release counts one
+    fewer and keeps the pool under its id, at 0 users. CUDAGraph.capture_begin(pool=id) uses the pool in both
+    (aten/src/ATen/cuda/CUDAGraph.cpp), CUDAGraph::reset releases both when a graph whose capture ended is freed;
+    MemPool() uses and ~MemPool releases the device allocator's only (aten/src/ATen/cuda/MemPool.cpp), and
+    graph_pool_handle() only draws a fresh id, making no pool. A capture records the step's work without running it
+    (the decoder's step is intercepted while a capture is under way); each replay runs it."""
 
     def __init__(self):
-        self.users, self.ids, self.pools_made = {}, itertools.count(1), 0
+        self.users, self.host_users, self.ids = {}, {}, itertools.count(1)  # pool id -> users, per allocator
         self.capturing, self.captures = None, []  # the graph being captured; (rows, attended slots) of each capture
 
-    def incref(self, pool):
-        if pool in self.users and self.users[pool] <= 0:
-            raise RuntimeError("!(it->second->use_count > 0) INTERNAL ASSERT FAILED at "
-                               "c10/cuda/CUDACachingAllocator.cpp, please report a bug to PyTorch.")
-        self.users[pool] = self.users.get(pool, 0) + 1
-
-    def release(self, pool):
-        self.users[pool] -= 1
+    @staticmethod
+    def incref(users: dict, pool, where: str):
+        if pool in users and users[pool] <= 0:
+            raise RuntimeError(f"it->second->use_count > 0 INTERNAL ASSERT FAILED at {where}, please report a bug "
+                               "to PyTorch.")
+        users[pool] = users.get(pool, 0) + 1
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """sample.py's CUDA graph path on the CPU, through FakeCuda; yields it."""
+    """sample.py's CUDA graph path on the CPU, through FakeCuda; returns it."""
     cuda = FakeCuda()
 
     class MemPool:
         def __init__(self):
-            cuda.pools_made += 1
             self.id = (0, next(cuda.ids))
-            cuda.incref(self.id)
+            cuda.incref(cuda.users, self.id, "c10/cuda/CUDACachingAllocator.cpp")
 
         def __del__(self):
-            cuda.release(self.id)
+            cuda.users[self.id] -= 1
 
     class CUDAGraph:
         pool, ended = None, False
@@ -416,7 +415,8 @@ def fake_cuda(monkeypatch):
 
         def capture_begin(self, pool=None):
             self.pool, self.work = pool or (next(cuda.ids), 0), []
-            cuda.incref(self.pool)
+            cuda.incref(cuda.users, self.pool, "c10/cuda/CUDACachingAllocator.cpp")
+            cuda.incref(cuda.host_users, self.pool, "aten/src/ATen/core/CachingHostAllocator.h")
             cuda.capturing = self
 
         def capture_end(self):
@@ -428,7 +428,8 @@ def fake_cuda(monkeypatch):
 
         def __del__(self):
             if self.ended:
-                cuda.release(self.pool)
+                cuda.users[self.pool] -= 1
+                cuda.host_users[self.pool] -= 1
 
     real_step = sample._Decoder.step
 
@@ -530,11 +531,12 @@ def test_a_failure_inside_a_capture_ends_the_capture_and_raises_the_steps_own_er
 
 
 def test_captures_across_rollouts_buckets_and_compactions_never_find_their_pool_released(monkeypatch, fake_cuda):
-    """Issue 46: sample.py passed one graph_pool_handle() to every capture; the allocator (fake_cuda follows its
-    rule) refuses a capture into a pool once every graph captured into it is freed, which happened at the first new
-    bucket: every later capture of the process failed and decoding went eager. With a MemPool alive as long as the
-    process, two rollouts with bucket changes and a compaction each make several captures, none fails, the pool's
-    count of users comes back to the MemPool's own, and the tokens are the eager loop's."""
+    """Issue 46: sample.py passed one graph_pool_handle() to every capture; the allocators (fake_cuda follows their
+    rule) refuse a capture into a pool once every graph captured into it is freed, which happened at the first new
+    bucket: every later capture of the process failed and decoding went eager. With a keeper graph holding the pool
+    for the process (a MemPool would hold the device allocator's count only, not the host one's: it failed on an
+    H200), two rollouts with bucket changes and a compaction each make several captures, none fails, both counts of
+    users come back to the keeper's own, and the tokens are the eager loop's."""
     monkeypatch.setattr(sample, "BUCKET", 8)  # a new bucket, so a new capture, every 8 tokens
     monkeypatch.setattr(sample, "CHECK_EVERY", 4)
     model, prompts, stops = tiny_model(), PROMPTS * 4, dict(stop_ids=range(0, VOCAB, 9))
@@ -546,8 +548,8 @@ def test_captures_across_rollouts_buckets_and_compactions_never_find_their_pool_
         assert len(shapes) >= 4 and len({rows for rows, _ in shapes}) >= 2, shapes  # buckets, and a compaction
         assert torch.equal(out.tokens, eager.tokens) and torch.equal(out.logprobs, eager.logprobs)
         assert out.fast_paths == {"cuda_graphs": True} and not sample.FALLEN_BACK
-    (stream, pool), = sample.GRAPH_RESOURCES.values()  # one stream and one pool served every capture
-    assert fake_cuda.pools_made == 1 and fake_cuda.users == {pool.id: 1}  # the graphs are gone, the MemPool holds on
+    (_, pool, _), = sample.GRAPH_RESOURCES.values()  # one stream and one pool served every capture
+    assert fake_cuda.users == fake_cuda.host_users == {pool: 1}  # the rollouts' graphs are freed, the keeper holds on
 
 
 def test_the_prefill_in_pieces_of_rows_equals_one_prefill_and_frees_its_hidden_states(monkeypatch):

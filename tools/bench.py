@@ -240,11 +240,13 @@ def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: i
 
 
 def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False,
-                  new_tokens: int = 16, rows: int = 30) -> dict:
+                  new_tokens: int = 16, rows: int = 30, step_new_tokens: int = 32) -> dict:
     """torch.profiler tables (the top `rows` ops by self device time; CPU time on the CPU) of the sampler decoding
     new_tokens for the sampler workload, and of one whole GRPO step after a warm-up step, with the names of every op
-    that step ran (step_ops: the table shows the top rows only). Both decode eagerly (cuda_graphs=False): a graph
-    replay hides its kernels, and a capture under the profiler's CUPTI tracing can misreport or fail. On CUDA also
+    that step ran (step_ops: the table shows the top rows only), its completions cut to step_new_tokens (a whole
+    step's ~300k kernel events took the profiler over 3 minutes to tabulate at 0.5B). Both decode eagerly
+    (cuda_graphs=False): a graph replay hides its kernels, and a capture under the profiler's CUPTI tracing can
+    misreport or fail. On CUDA also
     the device events (kernels, copies, memsets) of one decode step: those of new_tokens + 1 tokens less those of 1
     (the prefill), over new_tokens."""
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
@@ -263,11 +265,13 @@ def bench_profile(ours, work: dict, device, dtype, beta: float, micro_batch_size
     decode(new_tokens + 1)  # warm-up
     _, prefill_events, _ = profiled(lambda: decode(1))
     decode_table, events, _ = profiled(lambda: decode(new_tokens + 1))
-    run, cfg = step_run(ours, work, device, dtype, beta, micro_batch_size, grad_checkpointing)
+    step_work = {**work, "step_new": min(work["step_new"], step_new_tokens)}
+    run, cfg = step_run(ours, step_work, device, dtype, beta, micro_batch_size, grad_checkpointing)
     cfg = dataclasses.replace(cfg, cuda_graphs=False)
     grpo_step(run, cfg, 1)
     step_table, _, step_ops = profiled(lambda: grpo_step(run, cfg, 2))
     return {"decode_new_tokens": new_tokens, "decode_rows": work["rows"], "decode_table": decode_table,
+            "step_new_tokens": step_work["step_new"],
             "device_events_per_decode_step": (events - prefill_events) / new_tokens if device.type == "cuda" else None,
             "step_table": step_table, "step_ops": step_ops}
 
@@ -522,7 +526,7 @@ def gpu_check_plan(work: str, tiny: bool, tokenizer: str) -> dict:
     if not tiny:  # transformers' generate adds no claim at 1.5B, nor a second TRL run
         plan["bench_1.5b"] = (bench("bench_1.5b", "--shape", "1.5b", "--skip", "hf,trl,profile"), 240)
     name = "profile_" + ("tiny" if tiny else "0.5b")
-    plan[name] = (bench(name, *(["--tiny"] if tiny else ["--shape", "0.5b"]), "--skip", "sampler,step,trl"), 180)
+    plan[name] = (bench(name, *(["--tiny"] if tiny else ["--shape", "0.5b"]), "--skip", "sampler,step,trl"), 150)
     demo_sizes = ["--device=cpu", "--sft_steps=2", "--max_steps=2", "--eval_every=1", "--eval_size=4",
                   "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda", "--max_steps=40",
                                                                                 "--eval_every=20"]
@@ -632,7 +636,8 @@ def report(result: dict) -> str:
         p, events = result["profile"], result["profile"]["device_events_per_decode_step"]
         lines += [f"\nprofile of the sampler decoding {p['decode_new_tokens']} tokens for {p['decode_rows']} rows, "
                   f"eager (device events per decode step: {'n/a on the CPU' if events is None else f'{events:.0f}'}):",
-                  p["decode_table"], "profile of one GRPO step (its sampler eager):", p["step_table"]]
+                  p["decode_table"], f"profile of one GRPO step (its sampler eager, {p['step_new_tokens']} new tokens "
+                                     "a completion):", p["step_table"]]
     return "\n".join(lines)
 
 
