@@ -297,8 +297,8 @@ def _unstick(generator, device):
 
 def _capture(step, generator, pool):
     """step() captured in a CUDA graph in pool, each replay drawing fresh noise from generator; returns its replay. A
-    failure inside the capture ends it before the error propagates, so the stream is usable again (for the
-    eager path, and for the checkpoint that a failing step writes)."""
+    failure inside the capture ends it before the error propagates, so the stream is usable again (for the eager
+    path, and for the checkpoint that a failing step writes)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     graph.register_generator_state(generator)

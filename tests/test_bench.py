@@ -65,6 +65,19 @@ def test_a_failed_profile_is_reported_and_costs_no_other_part(monkeypatch, tmp_p
     assert "profile: failed, ZeroDivisionError" in bench.report(result)
 
 
+def test_the_profiled_step_captures_no_cuda_graph(monkeypatch):
+    """Issue 46: a capture under the profiler's CUPTI tracing can misreport or fail; the profile's steps decode
+    eagerly, as its sampler table does, and with fewer new tokens (the events of a whole step took minutes)."""
+    seen = []
+    real = bench.grpo_step
+    monkeypatch.setattr(bench, "grpo_step", lambda run, cfg, step: seen.append(cfg) or real(run, cfg, step))
+    ours = bench.our_model(bench.SHAPES["tiny"], torch.device("cpu"), torch.float32)
+    profile = bench.bench_profile(ours, bench.WORKLOADS["tiny"], torch.device("cpu"), torch.float32, beta=0.04,
+                                  micro_batch_size=16, step_new_tokens=8)
+    assert len(seen) == 2 and not any(cfg.cuda_graphs for cfg in seen) and profile["step_new_tokens"] == 8
+    assert all(cfg.max_new_tokens == 8 for cfg in seen)
+
+
 def test_missing_trl_is_reported_not_hidden():
     result = {"shape": "tiny", "dtype": "float32", "device": "cpu", "torch": "x", "beta": 0.04,
               "workload": bench.WORKLOADS["tiny"], "trl": None,

@@ -482,6 +482,7 @@ def test_cuda_graphs_that_cannot_even_be_set_up_fall_back_too(monkeypatch, capsy
     eager = generate(model, PROMPTS, 20, temperature=1.0, seed=3, cuda_graphs=False)
     out = generate(model, PROMPTS, 20, temperature=1.0, seed=3, fused_sampling=False)
     assert torch.equal(out.tokens, eager.tokens) and out.fast_paths == {"cuda_graphs": False}
+    assert eager.fast_paths == {"fused_sampling": False}  # a path not asked for is not reported (no Triton here)
     one_warning_each(capsys, "CUDA graphs", "to set up (a side stream and a memory pool)")
 
 

