@@ -28,7 +28,8 @@ from data import load_problem_file
 from distributed import from_every_rank, rank, world_size
 from model import resolve_device, set_attention_backends
 from rewards import REFLECTION_MARKERS
-from rollout import completion_flags, rollout_seed, sample_and_score
+from records import completion_flags
+from rollout import Sampling, Scoring, rollout_seed, sample_and_score, sampling_of
 from run_management import check_reachable, command_line, hub_names, refusals
 from template import encode_prompt, template_of
 
@@ -56,43 +57,38 @@ def mean_and_stderr(values: list[float]) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[dict], template="r1_zero", n: int = 1, temperature: float = 0.0,
-             ks: tuple[int, ...] = (1,), max_new_tokens: int = 512, batch_size: int = 64, seed: int = 0,
-             top_p: float = 1.0, top_k: int = 0, out_path: str | None = None, desc: str = "eval",
-             progress: bool = True, cuda_graphs: bool = True, fused_sampling: bool = True,
-             answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS, math_verify=None) -> dict:
-    """Sample n completions per row ({"question", "gold"}) and score them; template: a template.Template, a
-    TEMPLATES name or a dict; answer_checker: an answers.ANSWER_CHECKERS name. Returns {"pass@1", "pass@1_stderr"
-    (over questions), "pass@k" for each k <= n, "format_rate", for each of rollout.completion_flags (worked, reflect)
-    e.g. "worked_rate", "accuracy_worked" and "accuracy_unworked" (of those completions and of the others; None if
-    there are none), "response_length", "truncation_rate", "questions", "n", "temperature"}, and when every row has a
-    "subject" and a "level" (MATH) "by_subject" and "by_level" (breakdown); temperature 0 is greedy. out_path: one
-    JSON line per completion. math_verify (math_verify_grader()): each completion graded by Math-Verify too, its
-    figures beside the checker's ("pass@1_math_verify", "graders_agree": grader_summary)."""
+def evaluate(model, tokenizer, rows: list[dict], sampling: Sampling, scoring: Scoring, n: int = 1,
+             ks: tuple[int, ...] = (1,), batch_size: int = 64, seed: int = 0, out_path: str | None = None,
+             desc: str = "eval", progress: bool = True, reflection_markers: tuple = REFLECTION_MARKERS,
+             math_verify=None) -> dict:
+    """Sample n completions per row ({"question", "gold"}) as sampling says (rollout.sampling_of; temperature 0 is
+    greedy) and score them as scoring says (rollout.Scoring: its template and answer checker). Returns {"pass@1",
+    "pass@1_stderr" (over questions), "pass@k" for each k <= n, "format_rate", for each of records.completion_flags
+    (worked, reflect) e.g. "worked_rate", "accuracy_worked" and "accuracy_unworked" (of those completions and of the
+    others; None if there are none), "response_length", "truncation_rate", "questions", "n", "temperature"}, and when
+    every row has a "subject" and a "level" (MATH) "by_subject" and "by_level" (breakdown). out_path: one JSON line
+    per completion. math_verify (math_verify_grader()): each completion graded by Math-Verify too, its figures beside
+    the checker's ("pass@1_math_verify", "graders_agree": grader_summary)."""
     if not rows:
         raise ValueError("no questions to evaluate")
-    if n > 1 and temperature == 0:
+    if n > 1 and sampling.temperature == 0:
         raise ValueError("n > 1 samples at temperature 0 are n copies of the greedy answer: set --temperature")
-    records = score_questions(model, tokenizer, rows, template, n, temperature, max_new_tokens, batch_size, seed,
-                              top_p, top_k, desc, progress, cuda_graphs, fused_sampling, answer_checker,
+    records = score_questions(model, tokenizer, rows, n, sampling, scoring, batch_size, seed, desc, progress,
                               reflection_markers, math_verify)
     if out_path:
         write_completions(records, out_path)
-    return summarize(records, n, ks, temperature)
+    return summarize(records, n, ks, sampling.temperature)
 
 
 @torch.no_grad()
-def score_questions(model, tokenizer, rows: list[dict], template, n: int, temperature: float,
-                    max_new_tokens: int, batch_size: int, seed: int = 0, top_p: float = 1.0, top_k: int = 0,
-                    desc: str = "eval", progress: bool = True, cuda_graphs: bool = True, fused_sampling: bool = True,
-                    answer_checker: str = "gsm8k", reflection_markers: tuple = REFLECTION_MARKERS,
-                    math_verify=None) -> list[dict]:
+def score_questions(model, tokenizer, rows: list[dict], n: int, sampling: Sampling, scoring: Scoring,
+                    batch_size: int, seed: int = 0, desc: str = "eval", progress: bool = True,
+                    reflection_markers: tuple = REFLECTION_MARKERS, math_verify=None) -> list[dict]:
     """evaluate()'s sampling: one record {"question", "gold", "samples": [n verdicts]} per row, in row order (with
     the row's "subject" and "level", where it has them). A model with LoRA adapters samples on merged weights, as
     train.py's rollouts do."""
-    template = template_of(template)
-    flags = completion_flags(template, reflection_markers)
-    prompts = [encode_prompt(tokenizer, row["question"], template) for row in rows]
+    flags = completion_flags(scoring.template, reflection_markers)
+    prompts = [encode_prompt(tokenizer, row["question"], scoring.template) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))  # similar lengths per batch: less padding
     per_batch = max(1, batch_size // n)
     records = [None] * len(rows)
@@ -103,14 +99,13 @@ def score_questions(model, tokenizer, rows: list[dict], template, n: int, temper
                           dynamic_ncols=True):
             chunk = order[start:start + per_batch]
             # sampled: a seed per (question, sample), so the result does not depend on batch_size; greedy needs none
-            seeds = [rollout_seed(seed, i * n + s) for i in chunk for s in range(n)] if temperature > 0 else seed
+            seeds = seed
+            if sampling.temperature > 0:
+                seeds = [rollout_seed(seed, i * n + s) for i in chunk for s in range(n)]
             samples = sample_and_score(model, tokenizer, [prompts[i] for i in chunk for _ in range(n)],
-                                       [rows[i]["gold"] for i in chunk for _ in range(n)], template, max_new_tokens,
-                                       temperature, seeds, weights={}, top_p=top_p, top_k=top_k,
-                                       cuda_graphs=cuda_graphs, fused_sampling=fused_sampling,
-                                       answer_checker=answer_checker)
+                                       [rows[i]["gold"] for i in chunk for _ in range(n)], seeds, sampling, scoring)
             for j, i in enumerate(chunk):
-                verdicts = [verdict(samples, s, template, answer_checker, flags, rows[i]["gold"], math_verify)
+                verdicts = [verdict(samples, s, scoring, flags, rows[i]["gold"], math_verify)
                             for s in range(j * n, (j + 1) * n)]
                 records[i] = {"question": rows[i]["question"], "gold": rows[i]["gold"],
                               **{key: rows[i][key] for key in BREAKDOWNS if key in rows[i]}, "samples": verdicts}
@@ -118,13 +113,14 @@ def score_questions(model, tokenizer, rows: list[dict], template, n: int, temper
     return records
 
 
-def verdict(samples, s: int, template, answer_checker: str, flags: dict, gold: str, math_verify=None) -> dict:
+def verdict(samples, s: int, scoring: Scoring, flags: dict, gold: str, math_verify=None) -> dict:
     """Row s of samples (rollout.Samples) as eval.py writes it: the completion, the answer read, whether it is
     correct and well formatted, each completion flag, its length and whether it was truncated; with math_verify,
     Math-Verify's verdict too ("correct_math_verify")."""
     text = samples.texts[s]
-    graded = {"correct_math_verify": math_verify(template.prefix + text, gold, template)} if math_verify else {}
-    return {"completion": text, "answer": final_answer(template.prefix + text, template, answer_checker),
+    response = scoring.template.prefix + text
+    graded = {"correct_math_verify": math_verify(response, gold, scoring.template)} if math_verify else {}
+    return {"completion": text, "answer": final_answer(response, scoring.template, scoring.answer_checker),
             "correct": samples.components["correctness"][s] == 1.0, **graded,
             "format": samples.components["format"][s] == 1.0, **{name: flag(text) for name, flag in flags.items()},
             "length": len(samples.completions[s]), "truncated": not samples.stopped[s]}
@@ -213,7 +209,7 @@ def breakdown_lines(summary: dict) -> list[str]:
 
 
 def flag_summary(flat: list[dict], name: str) -> dict:
-    """For a completion flag (rollout.completion_flags), e.g. worked: worked_rate, and accuracy_worked and
+    """For a completion flag (records.completion_flags), e.g. worked: worked_rate, and accuracy_worked and
     accuracy_unworked, the accuracy of the completions with it and of the others (None if there are none): did the
     worked answers get better, or more frequent?"""
     yes, no = [s for s in flat if s[name]], [s for s in flat if not s[name]]
@@ -235,10 +231,10 @@ def held_out_eval(run, cfg, tracker) -> float:
     eval.jsonl (tracker); under torchrun each rank scores a slice and all see every record."""
     n, world = len(run.heldout), world_size()
     mine = run.heldout[rank() * n // world:(rank() + 1) * n // world]
-    records = score_questions(run.sampler, run.tokenizer, mine, run.template, 1, 0.0, cfg.max_new_tokens,
-                              cfg.eval_batch_size, desc=f"eval@{run.step}", progress=rank() == 0,
-                              cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,
-                              answer_checker=cfg.answer_checker, reflection_markers=cfg.reflection_markers)
+    greedy = dataclasses.replace(run.sampling, temperature=0.0)
+    scoring = Scoring(run.template, {}, cfg.answer_checker)  # the rules alone: correctness and format
+    records = score_questions(run.sampler, run.tokenizer, mine, 1, greedy, scoring, cfg.eval_batch_size,
+                              desc=f"eval@{run.step}", progress=rank() == 0, reflection_markers=cfg.reflection_markers)
     records = [record for part in from_every_rank(records) for record in part]
     result = summarize(records, n=1, ks=(1,), temperature=0.0)
     if rank() != 0:
@@ -317,11 +313,11 @@ def main(argv=None):
     else:
         out_dir = args.out or os.path.join("out", "eval", os.path.basename(os.path.normpath(args.model)))
     os.makedirs(out_dir, exist_ok=True)
-    summary = evaluate(model, tokenizer, rows, template=template, n=args.n, temperature=temperature, ks=ks,
-                       max_new_tokens=max_new_tokens, batch_size=batch_size, seed=args.seed, top_p=args.top_p,
-                       top_k=args.top_k, out_path=os.path.join(out_dir, "completions.jsonl"),
-                       cuda_graphs=not args.no_cuda_graphs, fused_sampling=not args.no_fused_sampling,
-                       answer_checker=answer_checker, reflection_markers=markers, math_verify=math_verify)
+    sampling = sampling_of(tokenizer, template, max_new_tokens, temperature, top_p=args.top_p, top_k=args.top_k,
+                           cuda_graphs=not args.no_cuda_graphs, fused_sampling=not args.no_fused_sampling)
+    summary = evaluate(model, tokenizer, rows, sampling, Scoring(template, {}, answer_checker), n=args.n, ks=ks,
+                       batch_size=batch_size, seed=args.seed, out_path=os.path.join(out_dir, "completions.jsonl"),
+                       reflection_markers=markers, math_verify=math_verify)
     summary.update(model=args.model, data=args.data, template=template.name or dataclasses.asdict(template),
                    answer_checker=answer_checker, reflection_markers=markers, grader=args.grader,
                    max_new_tokens=max_new_tokens)
@@ -340,7 +336,7 @@ def main(argv=None):
     for k in ks:
         if k > 1:
             print(f"pass@{k}: {summary[f'pass@{k}']:.4f}")
-    for name in completion_flags(template=None):  # worked, reflect: rollout.completion_flags says what each means
+    for name in completion_flags(template=None):  # worked, reflect: records.completion_flags says what each means
         accuracy = {kind: "n/a" if summary[f"accuracy_{kind}"] is None else f"{summary[f'accuracy_{kind}']:.3f}"
                     for kind in (name, "un" + name)}
         print(f"{name}_rate: {summary[f'{name}_rate']:.3f} of the completions; "

@@ -420,7 +420,7 @@ def reflects(completion: str, template: Template = R1_ZERO, markers: tuple = REF
     """True if the completion's text before the template's think close ("</think>"; all of it, without one) holds
     one of markers as whole words, in any case: "check 30-4=26", "Wait, 12 is wrong" and "Let me double-check" do,
     "checked", "checklist" and "awaited" do not; a hyphen joins a word ("re-check" is not "check"). Logged as
-    reflect_rate (rollout.completion_flags)."""
+    reflect_rate (records.completion_flags)."""
     text = completion.partition(template.think[1])[0].lower()
     words = " " + " ".join("".join(c if c.isalnum() or c == "-" else " " for c in text).split()) + " "
     return any(f" {marker.lower()} " in words for marker in markers)

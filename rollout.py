@@ -1,29 +1,25 @@
 """
 The rollout, GRPO's "act": prompts -> sampled, decoded and scored completions (Samples), then the post-sampling
-stage (reward shaping, dynamic sampling's filter) and the step's metrics. One path from tokens to rewards, for
-training (sample_groups: G completions of each of a step's questions) and for evaluation (eval.score_questions).
+stage (reward shaping, dynamic sampling's filter). One path from tokens to rewards, for training (sample_groups: G
+completions of each of a step's questions) and for evaluation (eval.score_questions).
 
-    samples = sample_and_score(model, tokenizer, prompts, golds, template, max_new_tokens, temperature, seed, weights)
+    samples = sample_and_score(model, tokenizer, prompts, golds, seed, sampling, scoring)
     samples.completions[i], samples.texts[i], samples.rewards[i]      # row i answers prompts[i]
     samples.select([0, 1, 2]), Samples.concat([a, b])                  # rows kept together, every field aligned
 
-Where to add a reward shaping: a function in SHAPING; a logged metric: a function in METRICS; a yes/no property of
-a completion (logged as its rate): an entry of completion_flags.
+Where to add a reward shaping: a function in SHAPING. What a step logs of its samples is records.py's.
 """
 import dataclasses
-import math
 import random
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from distributed import all_samples, from_every_rank, rank, world_size
-from grpo import zero_std_group_fraction
-from rewards import REFLECTION_MARKERS, claim_rewards, reflects, reward_log_name, score_completions, shows_work
+from distributed import from_every_rank, rank, world_size
+from rewards import claim_rewards, score_completions
 from sample import generate
-from template import Template, stop_sequences, stop_token_ids, template_of
+from template import Template, stop_sequences, stop_token_ids
 
 DRAW_STRIDE = 2 ** 24  # rollout_seed: the index distance between a step's draws (room for 16M step-rank indices)
 
@@ -109,32 +105,63 @@ class Samples:
                        fast_paths={key: all(p.fast_paths.get(key, False) for p in parts) for key in paths})
 
 
-def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], template: Template,
-                     max_new_tokens: int, temperature: float, seed: int | list[int], weights: dict[str, float],
-                     top_p: float = 1.0, top_k: int = 0, questions: list[str] | None = None, functions=None,
-                     process: bool = False, cuda_graphs: bool = True, fused_sampling: bool = True,
-                     answer_checker: str = "gsm8k") -> Samples:
-    """Sample one completion per prompt, ending at an end-of-text token or the template's answer close tag, decode it
-    and score it against its gold answer: weights names the rewards, functions holds the config's own
-    (reward_models.load_rewards), questions the problems' text they may read; answer_checker (answers.ANSWER_CHECKERS)
-    how correctness reads and compares answers. process: also the claims' rewards of process supervision.
-    cuda_graphs, fused_sampling: the sampler's GPU-only fast paths (sample.generate)."""
-    end_of_text, start = set(stop_token_ids(tokenizer)), time.perf_counter()
-    rollout = generate(model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                       stop_sequences=stop_sequences(tokenizer, template), seed=seed, pad_id=tokenizer.pad_token_id,
-                       cuda_graphs=cuda_graphs, fused_sampling=fused_sampling)
-    tokens, lengths, stopped = rollout.tokens.tolist(), rollout.lengths.tolist(), rollout.stopped.tolist()
+@dataclass
+class Sampling:
+    """How a rollout samples: sample.generate's settings and what ends a completion, made once for a run (or an
+    evaluation) by sampling_of."""
+    max_new_tokens: int
+    temperature: float  # 0 is greedy
+    stops: list[list[int]]  # token-id sequences that end a completion (template.stop_sequences)
+    end_of_text: set[int]  # the stop ids that end the text itself: dropped from the decoded completion
+    top_p: float = 1.0
+    top_k: int = 0
+    cuda_graphs: bool = True  # the sampler's GPU-only fast paths (sample.generate)
+    fused_sampling: bool = True
+
+
+def sampling_of(tokenizer, template: Template, max_new_tokens: int, temperature: float, **settings) -> Sampling:
+    """A Sampling for this tokenizer and template: the stops are the end-of-text ids and the answer close tag as the
+    tokenizer writes it; settings: top_p, top_k, cuda_graphs, fused_sampling."""
+    return Sampling(max_new_tokens, temperature, stop_sequences(tokenizer, template), set(stop_token_ids(tokenizer)),
+                    **settings)
+
+
+@dataclass
+class Scoring:
+    """How a rollout's completions are scored (rewards.score_completions), made once for a run or an evaluation."""
+    template: Template  # whose tags the rules read
+    weights: dict[str, float]  # reward name -> weight; correctness and format are measured at weight 0 too
+    answer_checker: str = "gsm8k"  # how answers are read and compared (answers.ANSWER_CHECKERS)
+    functions: dict | None = None  # the config's own rewards, loaded (reward_models.load_rewards)
+    process: bool = False  # also the claims' rewards of process supervision
+
+
+def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], seed: int | list[int],
+                     sampling: Sampling, scoring: Scoring, questions: list[str] | None = None) -> Samples:
+    """Sample one completion per prompt, ending at a stop (sampling.stops), decode it and score it against its gold
+    answer (scoring; questions: the problems' text, which the config's own rewards may read)."""
+    start = time.perf_counter()
+    rollout = generate(model, prompts, sampling.max_new_tokens, temperature=sampling.temperature,
+                       top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops, seed=seed,
+                       pad_id=tokenizer.pad_token_id, cuda_graphs=sampling.cuda_graphs,
+                       fused_sampling=sampling.fused_sampling)
+    lengths = rollout.lengths.tolist()
+    stopped = rollout.stopped.tolist()
+    completions = [row[:n] for row, n in zip(rollout.tokens.tolist(), lengths)]
     logprobs = [row[:n] for row, n in zip(rollout.logprobs.tolist(), lengths)]
-    completions, sampled = [row[:n] for row, n in zip(tokens, lengths)], time.perf_counter()
-    texts = [tokenizer.decode(c[:-1] if c[-1] in end_of_text else c) for c in completions]  # "</answer>" is kept
+    sampled = time.perf_counter()
+    # "</answer>" is kept in the text, a final end-of-text token is not
+    texts = [tokenizer.decode(c[:-1] if c[-1] in sampling.end_of_text else c) for c in completions]
     # the prompt ends in the response prefix ("<think>"): the format reward judges the whole response.
     # accuracy and format are measured whatever the weights; a 0 weight keeps them out of the reward
+    template = scoring.template
     rewards, components = score_completions([template.prefix + t for t in texts], golds, [not s for s in stopped],
-                                            {"correctness": 0.0, "format": 0.0, **weights}, questions, functions,
-                                            template=template, lengths=lengths, max_new_tokens=max_new_tokens,
-                                            answer_checker=answer_checker)
+                                            {"correctness": 0.0, "format": 0.0, **scoring.weights}, questions,
+                                            scoring.functions, template=template, lengths=lengths,
+                                            max_new_tokens=sampling.max_new_tokens,
+                                            answer_checker=scoring.answer_checker)
     claims = None
-    if process:
+    if scoring.process:
         claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
                   for text, ids, stop in zip(texts, completions, stopped)]
     return Samples(prompts, completions, texts, stopped, logprobs, rewards, components, sampled - start,
@@ -176,13 +203,12 @@ def sample_groups(run, cfg, step: int) -> Samples:
 def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
     """group_size completions of each picked question, sampled with seed, scored and shaped."""
     rows = [i for i in picked for _ in range(cfg.group_size)]
+    prompts = [run.prompts[i] for i in rows]
+    golds = [run.problems[i]["gold"] for i in rows]
+    questions = [run.problems[i]["question"] for i in rows]
     with run.sampler.lora_merged():
-        samples = sample_and_score(run.sampler, run.tokenizer, [run.prompts[i] for i in rows],
-                                   [run.problems[i]["gold"] for i in rows], run.template, cfg.max_new_tokens,
-                                   cfg.temperature, seed, cfg.reward_weights,
-                                   questions=[run.problems[i]["question"] for i in rows], functions=run.rewards,
-                                   process=cfg.supervision != "outcome", cuda_graphs=cfg.cuda_graphs,
-                                   fused_sampling=cfg.fused_sampling, answer_checker=cfg.answer_checker)
+        samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, seed, run.sampling, run.scoring,
+                                   questions)
     samples.problems = rows
     for shape in SHAPING:
         shape(samples, cfg, seed)
@@ -252,85 +278,3 @@ def dynamic_sampling_stats(drawn: Samples, group_size: int, draws: int, filled: 
     counts = [sum(column) for column in zip(*from_every_rank(mine))]
     return {"dynamic_draws": draws, "dynamic_dropped_frac": counts[1] / counts[0], "dynamic_filled": counts[2],
             "accuracy_sampled": counts[3] / counts[4]}
-
-# -----------------------------------------------------------------------------
-# the step's metrics: step_record runs every function of METRICS on the step's samples (every rank's rows), then
-# adds what the post-sampling stage reported and the update's own figures; GRPO and the baselines log through it
-
-
-def completion_flags(template, reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
-    """{name: flag(text) -> bool} for a template.Template: worked (rewards.shows_work: an arithmetic claim before the
-    think close tag) and reflect (rewards.reflects: a re-check phrase of reflection_markers there). Each is logged
-    as <name>_rate, and eval.py reports the accuracy of the completions with and without it."""
-    return {"worked": lambda text: shows_work(text, template),
-            "reflect": lambda text: reflects(text, template, reflection_markers)}
-
-
-def reward_metrics(samples: Samples, cfg) -> dict:
-    """The mean reward, and of each component: the rewards cfg weighs (by their log names) and the shaping terms."""
-    means = {"reward": statistics.fmean(samples.rewards)}
-    for name, values in samples.components.items():
-        if name in cfg.reward_weights:
-            means[f"reward_{reward_log_name(name)}"] = statistics.fmean(values)
-    for name, values in samples.components.items():  # the rules are measured at weight 0 too: not logged then
-        if name not in cfg.reward_weights and name not in ("correctness", "format"):
-            means[f"reward_{name}"] = statistics.fmean(values)
-    if samples.claims:
-        means["process_reward"] = statistics.fmean(r for claims in samples.claims for _, r in claims)
-    return means
-
-
-def accuracy_metrics(samples: Samples, cfg) -> dict:
-    """The share of correct completions, and of each completion flag (completion_flags) as <name>_rate."""
-    flags = completion_flags(template_of(cfg.template), cfg.reflection_markers)
-    rates = {f"{name}_rate": statistics.fmean(map(flag, samples.texts)) for name, flag in flags.items()}
-    return {"accuracy": statistics.fmean(samples.components["correctness"]), **rates}
-
-
-def length_metrics(samples: Samples, cfg) -> dict:
-    """Response lengths in tokens (mean, max) and the share cut at max_new_tokens."""
-    lengths = samples.lengths
-    return {"response_length": statistics.fmean(lengths), "response_length_max": max(lengths),
-            "truncation_rate": 1 - statistics.fmean(samples.stopped)}
-
-
-def speed_metrics(samples: Samples, cfg) -> dict:
-    """Sampling speed, the seconds spent sampling and scoring, and on a GPU whether each fast path asked for decoded
-    the rollout (<key>_ran 1) or not (0: it fell back, sample.py said why, or it does not apply)."""
-    ran = {f"{key}_ran": int(used) for key, used in samples.fast_paths.items()}
-    return {"tokens_per_s": sum(samples.lengths) / samples.seconds_sampling, "time_sample": samples.seconds_sampling,
-            "time_reward": samples.seconds_scoring, **ran}
-
-
-def group_metrics(samples: Samples, cfg) -> dict:
-    """The share of groups whose rewards are all equal (they carry no signal)."""
-    return {"zero_std_frac": zero_std_group_fraction(torch.tensor(samples.rewards), cfg.group_size).item()}
-
-
-METRICS = (reward_metrics, accuracy_metrics, length_metrics, speed_metrics, group_metrics)
-
-
-def step_record(step: int, samples: Samples | None, stats: dict, cfg) -> dict:
-    """The log record of a step: {"step"}, then METRICS of every rank's samples (a collective under torchrun; None:
-    a step that sampled nothing, the SFT baselines), samples.stats, and stats; a NaN (the KL without a reference)
-    is logged as None."""
-    record = {"step": step}
-    if samples is not None:
-        samples = all_samples(samples)
-        for metric in METRICS:
-            record.update(metric(samples, cfg))
-        record.update(samples.stats)
-    record.update(stats)
-    return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in record.items()}
-
-
-def progress(record: dict, keys: tuple) -> dict:
-    """The progress bar's figures: the keys (cfg.progress_keys) that the record holds, each to 4 significant digits."""
-    return {key: f"{record[key]:.4g}" for key in keys if record.get(key) is not None}
-
-
-def shown_samples(problems: list[dict], step: int, samples: Samples, G: int) -> list[dict]:
-    """The first completion of the step's first two groups, for samples.jsonl."""
-    return [{"step": step, "question": problems[samples.problems[row]]["question"],
-             "gold": problems[samples.problems[row]]["gold"], "completion": samples.texts[row],
-             "reward": samples.rewards[row]} for row in range(0, min(2 * G, len(samples.texts)), G)]

@@ -1,6 +1,6 @@
 """
-Run management, kept out of the training loop's way: what makes a run safe to start, stop and start again, and
-where its records go. train.py and eval.py call it around the research code, never inside a step.
+Run management, kept out of the training loop's way: what makes a run safe to start, stop and start again.
+train.py and eval.py call it around the research code, never inside a step (what a run records is records.py's).
 
 - Refusals: a bad input found by the checks before any work (the config, out_dir, the data files, the model, the
   machine) raises an error whose message says what is wrong and what to do; the command line prints it in a few
@@ -13,14 +13,11 @@ where its records go. train.py and eval.py call it around the research code, nev
   saves the last complete step when it can (saved_on_failure); either way the message names what was saved and
   the command that goes on (resume_command). The requeue contract: `python train.py CONFIG --resume` continues
   from whatever the run saved, in any phase, and starts it from the beginning when it saved nothing yet.
-- Records: out_dir/log.jsonl, eval.jsonl and samples.jsonl, Weights & Biases and TensorBoard when asked, and the
-  run's curves at its end (Tracker).
 """
 import contextlib
 import dataclasses
 import fcntl
 import json
-import numbers
 import os
 import shlex
 import shutil
@@ -34,7 +31,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from checkpoint import read_checkpoint, save_checkpoint, size
-from config import RESUMABLE, installed
+from config import RESUMABLE
 from data import write_jsonl
 from distributed import barrier, from_every_rank, rank, world_size
 from grpo import optimizer_updates
@@ -504,67 +501,3 @@ def saved_on_failure(run, cfg, step: int, path: str):
         if rank() == 0:
             tqdm.write(f"step {step} failed ({type(error).__name__}: {error}); {saved}")
         raise
-
-# -----------------------------------------------------------------------------
-# records: the logs, the trackers, the curves
-
-
-class Tracker:
-    """Where a run's records go: out_dir/log.jsonl (a line per step), eval.jsonl (a line per held-out evaluation)
-    and samples.jsonl (a few completions every sample_every steps), and, when a config asks, Weights & Biases
-    (wandb_project = "NAME"; WANDB_MODE=offline logs with no network) and TensorBoard (tensorboard = True,
-    out_dir/tb); at a clean end, out_dir/curves.png (plot.py, when matplotlib is installed). Only rank 0 writes."""
-
-    def __init__(self, cfg, run_id: str, step: int = 0):
-        """run_id: the run's own id (kept in its checkpoints), so a resumed run goes on in the same wandb run; step:
-        the step it resumes from. TensorBoard drops its points after that step (they are about to be redone); wandb
-        keeps them and ignores the redone steps, so after a crash between checkpoints its curves show the abandoned
-        attempt there (log.jsonl, eval.jsonl and TensorBoard show the redone steps)."""
-        self.out_dir, self.wandb, self.tensorboard = cfg.out_dir, None, None
-        if rank() != 0:
-            return
-        if cfg.wandb_project:
-            import wandb
-            self.wandb = wandb.init(project=cfg.wandb_project, name=os.path.basename(os.path.normpath(cfg.out_dir)),
-                                    id=run_id, resume="allow", config=vars(cfg), dir=cfg.out_dir)
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            self.tensorboard = SummaryWriter(os.path.join(cfg.out_dir, "tb"), purge_step=step + 1 if step else None)
-
-    def log(self, record: dict, file: str = "log.jsonl"):
-        """Append record ({"step": N, ...}) to out_dir/file, and its numbers to the trackers, under "train/" for
-        log.jsonl and "eval/" for eval.jsonl."""
-        if rank() != 0:
-            return
-        with open(os.path.join(self.out_dir, file), "a") as f:
-            f.write(json.dumps(record) + "\n")
-        prefix = "eval/" if file == "eval.jsonl" else "train/"
-        numbers_only = {prefix + k: v for k, v in record.items() if k != "step" and isinstance(v, numbers.Real)}
-        if self.wandb is not None:
-            self.wandb.log(numbers_only, step=record["step"])
-        if self.tensorboard is not None:
-            for key, value in numbers_only.items():
-                self.tensorboard.add_scalar(key, value, record["step"])
-
-    def samples(self, shown: list[dict]):
-        """Append a step's sample completions ({"step", "question", "gold", "completion", "reward"}) to
-        out_dir/samples.jsonl and print the first."""
-        if rank() != 0 or not shown:
-            return
-        with open(os.path.join(self.out_dir, "samples.jsonl"), "a") as f:
-            f.writelines(json.dumps(s) + "\n" for s in shown)
-        tqdm.write(f"step {shown[0]['step']} sample (reward {shown[0]['reward']:.2f}, gold {shown[0]['gold']}): "
-                   f"{shown[0]['completion'][:300]!r}")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.wandb is not None:
-            self.wandb.finish(exit_code=1 if exc[0] is not None else 0)  # a crashed run shows as failed
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if exc[0] is None and rank() == 0 and installed("matplotlib"):  # the curves: optional, a bonus
-            from plot import plot_run
-            if path := plot_run(self.out_dir):
-                tqdm.write(f"curves: {path}")

@@ -9,8 +9,9 @@ completions per step, warm start and held-out set:
     sft_more      the same on warm-start rows: more of the warm start
 
 The loss is next-token cross-entropy on the completion only (the prompt is context, not a target), averaged over
-every completion token of the batch (sft_loss_backward). A baseline step returns (the step's log record, sample
-completions), as grpo_step does; config.validate keeps the baselines to one process.
+every completion token of the batch (sft_loss_backward). A baseline step returns what it computed, (its samples or
+None, its update's stats), as grpo_step does, and the loop records it; config.validate keeps the baselines to one
+process.
 """
 import json
 import os
@@ -24,7 +25,7 @@ from checkpoint import save_warm_start
 from distributed import copy_weights, rank
 from grpo import (completion_logprobs, configure_optimizer, make_micro_batches, optimizer_step, optimizer_updates,
                   warmup_lr)
-from rollout import sample_groups, shown_samples, step_record
+from rollout import Samples, sample_groups
 from run_management import report_stop, resume_command
 from template import R1_ZERO, Template, stop_token_ids
 
@@ -123,7 +124,7 @@ def supervised_update(run, cfg, step: int, prompts: list, targets: list) -> dict
     return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}
 
 
-def rft_step(run, cfg, step: int) -> tuple[dict, list[dict]]:
+def rft_step(run, cfg, step: int) -> tuple[Samples, dict]:
     """One step of rejection-sampling fine-tuning: grpo_step's samples, then one supervised update on the correct
     ones only; none correct, no update. kept_fraction is the share of samples trained on."""
     samples = sample_groups(run, cfg, step)
@@ -132,16 +133,15 @@ def rft_step(run, cfg, step: int) -> tuple[dict, list[dict]]:
     update = supervised_update(run, cfg, step, [samples.prompts[i] for i in kept],
                                [samples.completions[i] for i in kept]) if kept else \
         {"loss": None, "grad_norm": None, "lr": warmup_lr(cfg.lr, step, cfg.warmup_steps)}
-    record = step_record(step, samples, {"kept_fraction": len(kept) / len(samples.prompts), **update,
-                                         "time_update": time.perf_counter() - t1}, cfg)
-    return record, shown_samples(run.problems, step, samples, cfg.group_size)
+    return samples, {"kept_fraction": len(kept) / len(samples.prompts), **update,
+                     "time_update": time.perf_counter() - t1}
 
 
-def sft_step(run, cfg, step: int) -> tuple[dict, list[dict]]:
+def sft_step(run, cfg, step: int) -> tuple[None, dict]:
     """One supervised step on prompts_per_step * group_size training rows (GRPO's completions per step): the RL
     rows' answers alone ("sft_answers"), or warm-start rows ("sft_more": train.setup gives it those as its rows)."""
     start = time.perf_counter()
     picked = run.stream.next(cfg.prompts_per_step * cfg.group_size)
     update = supervised_update(run, cfg, step, [run.prompts[i] for i in picked],
                                [sft_target(run.tokenizer, run.problems[i], run.template) for i in picked])
-    return step_record(step, None, {**update, "time_update": time.perf_counter() - start}, cfg), []
+    return None, {**update, "time_update": time.perf_counter() - start}

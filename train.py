@@ -22,7 +22,7 @@ import sys
 import time
 import typing
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -36,8 +36,9 @@ from eval import held_out_eval
 from grpo import add_logprobs, advantages_of, configure_optimizer, make_micro_batches, set_advantages, update, warmup_lr
 from model import Transformer, resolve_device, set_attention_backends
 from reward_models import load_rewards
-from rollout import QuestionStream, progress, sample_groups, shown_samples, step_record
-from run_management import (RunLock, StopRequest, Tracker, check_machine, check_out_dir, check_reachable, command_line,
+from records import Tracker, progress, shown_samples, step_record
+from rollout import QuestionStream, Samples, Sampling, Scoring, sample_groups, sampling_of
+from run_management import (RunLock, StopRequest, check_machine, check_out_dir, check_reachable, command_line,
                             hub_names, model_config, refusals, report_stop, saved_on_failure, start_out_dir)
 from sft import rft_step, sft_step, sft_target, warm_start
 from template import Template, encode_prompt, template_of
@@ -57,8 +58,9 @@ class Run:
     prompts: list[list[int]]  # their prompt token ids
     heldout: list[dict]
     autocast: typing.Any  # bf16 autocast on CUDA, a null context in fp32
+    sampling: Sampling  # how rollouts sample (cfg's settings, the stop sequences)
+    scoring: Scoring  # how they are scored (the template, the reward weights, the config's own rewards, loaded)
     step: int = 0  # steps completed
-    rewards: dict = field(default_factory=dict)  # the config's own rewards, loaded (reward_models.load_rewards)
     ddp: torch.nn.Module | None = None  # torchrun, sharding="ddp": the loss runs through this wrapper
     warm_set: str = ""  # fingerprint of the warm-start set (checkpoint.fingerprint), recorded in checkpoints
     run_id: str = ""  # the run's own id, kept in its checkpoints (a resumed run goes on in the same wandb run)
@@ -94,12 +96,13 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
                dynamic_ncols=True, disable=rank() != 0)
     for step in bar:
         with saved_on_failure(run, cfg, step, ckpt_path):  # an exception keeps the steps before this one
-            record, shown = step_function(cfg.method)(run, cfg, step)
+            samples, stats = step_function(cfg.method)(run, cfg, step)
+            record = step_record(step, samples, stats, cfg, run.template)  # a failing metric fails the step too
         run.step = step
         tracker.log(record)
         bar.set_postfix(progress(record, cfg.progress_keys))  # no-op on other ranks: their bar is disabled
         if cfg.sample_every and step % cfg.sample_every == 0:
-            tracker.samples(shown)
+            tracker.samples(shown_samples(run.problems, step, samples, cfg.group_size))
         if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
             copy_weights(run.reference, run.policy)  # iterative GRPO
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
@@ -124,8 +127,9 @@ def step_function(method: str):
 # one GRPO step
 
 
-def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
-    """One step of GRPO on run's weights, in place; returns (the step's log record, two sample completions)."""
+def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
+    """One step of GRPO on run's weights, in place; returns what it computed: the samples (rollout.Samples) and the
+    update's stats with the step's learning rate, phase times and, on CUDA, peak memory (the loop records them)."""
     device = run.policy.lm_head.weight.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # memory_gb: this step's peak
@@ -153,13 +157,11 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[dict, list[dict]]:
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
     t3 = time.perf_counter()
-    memory = {}
+    stats.update(lr=lr, time_reference=t2 - t1, time_update=t3 - t2)
     if device.type == "cuda":  # the step's peaks: allocated by tensors, and reserved (the graph pool's included)
-        memory = {"memory_gb": torch.cuda.max_memory_allocated(device) / 1e9,
-                  "memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9}
-    record = step_record(step, samples, {**stats, "lr": lr, "time_reference": t2 - t1, "time_update": t3 - t2,
-                                         **memory}, cfg)
-    return record, shown_samples(run.problems, step, samples, cfg.group_size)
+        stats["memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        stats["memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 1e9
+    return samples, stats
 
 # -----------------------------------------------------------------------------
 # set-up: a new run, or a resumed one
@@ -213,7 +215,11 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     run = Run(policy=policy, sampler=sampler, reference=reference,
               optimizer=configure_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.adam_betas),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer, template=template,
-              problems=problems, prompts=prompts, heldout=heldout, autocast=autocast, rewards=rewards,
+              problems=problems, prompts=prompts, heldout=heldout, autocast=autocast,
+              sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
+                                   cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling),
+              scoring=Scoring(template, cfg.reward_weights, cfg.answer_checker, rewards,
+                              process=cfg.supervision != "outcome"),
               ddp=ddp, warm_set=fingerprint(warm), run_id=run_id)
     if state is not None:
         restore(run, state)

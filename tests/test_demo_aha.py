@@ -9,7 +9,7 @@ from data import (carries, chain_key, count_check, has_worked_solution, rework_s
                   synthetic_split)
 from config import TrainConfig, validate
 from eval import summarize
-from rollout import accuracy_metrics
+from records import accuracy_metrics
 from rewards import arithmetic_claims, reflects
 from rollout import Samples
 from sft import sft_text
@@ -127,7 +127,7 @@ def test_the_step_log_counts_reflective_completions_with_the_configs_markers():
         logprobs=[[0.0, 0.0]] * 4, rewards=[1.0, 0.0, 0.0, 1.0],
         components={"correctness": [1.0, 0.0, 0.0, 1.0], "format": [1.0] * 4}, seconds_sampling=1.0,
         seconds_scoring=1.0)
-    record = accuracy_metrics(samples, cfg)
+    record = accuracy_metrics(samples, cfg, template_of(cfg.template))
     assert record["reflect_rate"] == 0.5 and record["worked_rate"] == 0.5 and record["accuracy"] == 0.5
 
 

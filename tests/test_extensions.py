@@ -221,13 +221,15 @@ def test_a_reward_may_read_token_lengths_the_truncated_flag_and_max_new_tokens()
 
 
 def test_a_new_metric_is_one_function_and_reaches_the_log_and_the_progress_bar(tmp_path, monkeypatch):
-    def answer_chars(samples, cfg):
+    import records
+
+    def answer_chars(samples, cfg, template):
         return {"answer_chars": sum(map(len, samples.texts)) / len(samples.texts)}
-    monkeypatch.setattr(rollout, "METRICS", rollout.METRICS + (answer_chars,))
+    monkeypatch.setattr(records, "METRICS", records.METRICS + (answer_chars,))
     train.train(tiny(tmp_path, progress_keys=("answer_chars",)))
-    records = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
-    assert all(r["answer_chars"] >= 0 for r in records)
-    assert rollout.progress({"answer_chars": 3.14159, "loss": None}, ("answer_chars", "loss", "nope")) == \
+    logged = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
+    assert all(r["answer_chars"] >= 0 for r in logged)
+    assert records.progress({"answer_chars": 3.14159, "loss": None}, ("answer_chars", "loss", "nope")) == \
         {"answer_chars": "3.142"}
 
 

@@ -181,6 +181,8 @@ def test_sampled_pass_at_k_does_not_depend_on_the_batch_size(tmp_path):
     from template import CharTokenizer
     from eval import evaluate
     from model import ModelConfig, Transformer
+    from rollout import Scoring, sampling_of
+    from template import template_of
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=len(CharTokenizer()), dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
                                     head_dim=16, ffn_dim=64, max_seq_len=160))
@@ -188,8 +190,9 @@ def test_sampled_pass_at_k_does_not_depend_on_the_batch_size(tmp_path):
 
     def completions(batch_size, seed):
         path = tmp_path / f"{batch_size}_{seed}.jsonl"
-        evaluate(model, CharTokenizer(), problems, template="plain", n=4, temperature=1.0, ks=(1, 4),
-                 max_new_tokens=10, batch_size=batch_size, seed=seed, progress=False, out_path=str(path))
+        plain = template_of("plain")
+        evaluate(model, CharTokenizer(), problems, sampling_of(CharTokenizer(), plain, 10, 1.0), Scoring(plain, {}),
+                 n=4, ks=(1, 4), batch_size=batch_size, seed=seed, progress=False, out_path=str(path))
         return path.read_text()
     assert completions(4, seed=5) == completions(24, seed=5)  # each question's samples keep their seeds
     assert completions(4, seed=5) != completions(4, seed=6)

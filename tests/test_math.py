@@ -20,6 +20,7 @@ from data import download_math, load_problem_file, load_problems, math_rows, pro
 from model import ModelConfig, Transformer
 from answers import ANSWER_CHECKERS, MATH_FORMS, final_answer
 from rewards import check_template, correctness_reward, score_completions
+from rollout import Scoring, sampling_of
 from sample import Rollout
 from sft import sft_text
 from template import CharTokenizer, template_of
@@ -222,9 +223,11 @@ def test_eval_scores_math_rows_with_the_chosen_checker_and_breaks_pass1_down(mon
     monkeypatch.setattr(rollout, "generate", scripted({"q one": PI_HALF, "q two": PI_HALF, "q three": X_11}))
     model = Transformer(ModelConfig(vocab_size=len(CharTokenizer()), dim=8, n_layers=1, n_heads=1, n_kv_heads=1,
                                     head_dim=8, ffn_dim=8))  # a stand-in: the scripted generate writes the answers
-    common = dict(model=model, tokenizer=CharTokenizer(), rows=rows, template="plain", progress=False)
-    math = eval_py.evaluate(**common, answer_checker="math")
-    plain = eval_py.evaluate(**common)
+    plain_template = template_of("plain")
+    common = dict(model=model, tokenizer=CharTokenizer(), rows=rows, progress=False,
+                  sampling=sampling_of(CharTokenizer(), plain_template, 512, 0.0))
+    math = eval_py.evaluate(**common, scoring=Scoring(plain_template, {}, "math"))
+    plain = eval_py.evaluate(**common, scoring=Scoring(plain_template, {}))
     assert math["pass@1"] == 1.0 and plain["pass@1"] == pytest.approx(2 / 3)
     assert plain["by_level"] == {"2": {"pass@1": 1.0, "pass@1_stderr": pytest.approx(float("nan"), nan_ok=True),
                                        "questions": 1},
@@ -232,7 +235,8 @@ def test_eval_scores_math_rows_with_the_chosen_checker_and_breaks_pass1_down(mon
     assert list(plain["by_subject"]) == ["Algebra", "Precalculus"] and plain["by_subject"]["Algebra"]["pass@1"] == 0
     assert eval_py.breakdown_lines(plain)[:3] == ["pass@1 by level:", "  level 2" + " " * 18 + "1.0000 ± nan  "
                                                   "(1 questions)", "  level 5" + " " * 18 + "0.5000 ± 0.5000  (2 questions)"]
-    assert "by_level" not in eval_py.evaluate(**{**common, "rows": [{"question": "q one", "gold": "1"}]})
+    assert "by_level" not in eval_py.evaluate(**{**common, "rows": [{"question": "q one", "gold": "1"}]},
+                                              scoring=Scoring(plain_template, {}))
     records = [{"level": level, "samples": [{"correct": c}]} for level, c in ((None, True), (5, False), (1, True))]
     assert list(eval_py.breakdown(records, 1, "level")) == ["1", "5", "?"]  # an unknown level last
 
@@ -289,8 +293,9 @@ def test_eval_grades_with_math_verify_beside_the_checker_when_asked(monkeypatch)
     monkeypatch.setattr(rollout, "generate", scripted(answers))
     model = Transformer(ModelConfig(vocab_size=len(CharTokenizer()), dim=8, n_layers=1, n_heads=1, n_kv_heads=1,
                                     head_dim=8, ffn_dim=8))
-    summary = eval_py.evaluate(model, CharTokenizer(), rows, template="plain", progress=False,
-                               math_verify=eval_py.math_verify_grader())
+    plain_template = template_of("plain")
+    summary = eval_py.evaluate(model, CharTokenizer(), rows, sampling_of(CharTokenizer(), plain_template, 512, 0.0),
+                               Scoring(plain_template, {}), progress=False, math_verify=eval_py.math_verify_grader())
     # the GSM8K checker reads numbers: pi/2 is not one, 73 and "x = 11" in a box are right
     assert summary["pass@1"] == pytest.approx(2 / 3) and summary["pass@1_math_verify"] == 1.0
     assert summary["graders_agree"] == pytest.approx(2 / 3)

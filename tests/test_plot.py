@@ -1,9 +1,9 @@
-"""plot.py: one run's figure, several runs on one figure, and the errors that name what is missing."""
+"""records.py's curves: one run's figure, several runs on one figure, and the errors that name what is missing."""
 import json
 
 import pytest
 
-from plot import plot_runs, trailing_mean
+from records import plot_runs, trailing_mean
 
 
 def fake_run(out_dir, accuracy: float):

@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+import records
 import rollout
 import train
 from conftest import qwen_tokenizer_dir
@@ -258,10 +259,13 @@ def test_grpo_step_called_directly_updates_the_policy_and_reports_whole_batch_me
     cfg = tiny(tmp_path, group_size=4, prompts_per_step=3, beta=0.1)
     run = train.setup(cfg)
     before = {k: v.clone() for k, v in run.policy.state_dict().items()}
-    record, shown = train.grpo_step(run, cfg, step=1)
+    samples, stats = train.grpo_step(run, cfg, step=1)
     assert any(not torch.equal(before[k], v) for k, v in run.policy.state_dict().items())
     assert all(torch.equal(before[k], v) for k, v in run.reference.state_dict().items())  # the reference stays put
-    assert run.stream.cursor == 3 and len(shown) == 2 and shown[0]["gold"] == run.problems[run.stream.order[0]]["gold"]
+    assert run.stream.cursor == 3 and samples.problems[0] == run.stream.order[0] and len(samples.texts) == 12
+    record = records.step_record(1, samples, stats, cfg, run.template)  # what the loop logs of it
+    shown = records.shown_samples(run.problems, 1, samples, cfg.group_size)
+    assert len(shown) == 2 and shown[0]["gold"] == run.problems[run.stream.order[0]]["gold"]
     assert record["step"] == 1 and record["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference when sampled
     assert record["ratio_mean"] == pytest.approx(1.0) and record["clip_frac_low"] == 0.0  # mu=1: on-policy
     assert 0 < record["entropy"] < math.log(len(run.tokenizer)) and record["grad_norm"] > 0

@@ -50,7 +50,8 @@ from config import TrainConfig  # noqa: E402
 from grpo import configure_optimizer  # noqa: E402
 import sample  # noqa: E402
 from model import KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
-from rollout import QuestionStream  # noqa: E402
+from records import step_record  # noqa: E402
+from rollout import QuestionStream, Scoring, sampling_of  # noqa: E402
 from sample import generate  # noqa: E402
 from template import template_of  # noqa: E402
 from train import Run, grpo_step  # noqa: E402
@@ -209,10 +210,13 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
     sampler = policy if dtype == torch.float32 else ours  # train.py's rule: fp32 samples itself, else a bf16 copy
     reference = policy.frozen_copy(dtype) if beta > 0 else None  # as train.py makes it
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    template = template_of(cfg.template)
     run = Run(policy=policy, sampler=sampler, reference=reference, optimizer=configure_optimizer(policy, cfg.lr),
-              stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template_of(cfg.template),
+              stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template,
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
-              autocast=autocast)
+              autocast=autocast, sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
+                                                      cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling),
+              scoring=Scoring(template, cfg.reward_weights, cfg.answer_checker))
     return run, cfg
 
 
@@ -222,8 +226,9 @@ def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: i
     records = []
     for step in range(1, work["steps"] + 1):
         start = time.perf_counter()
-        record, _ = grpo_step(run, cfg, step)  # on CUDA it logs its own peaks, memory_gb and memory_reserved_gb
-        records.append({**record, "time_step": time.perf_counter() - start})
+        samples, stats = grpo_step(run, cfg, step)  # on CUDA stats hold its peaks, memory_gb and memory_reserved_gb
+        records.append({**step_record(step, samples, stats, cfg, run.template),
+                        "time_step": time.perf_counter() - start})
     timed_records = records[1:] or records  # step 1 warms up kernels and the allocator
     phases = ("time_step", "time_sample", "time_reward", "time_reference", "time_update")
     result = {p: statistics.median(r[p] for r in timed_records) for p in phases}

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from plot import read_log as read  # noqa: E402  (the library's modules, from tools/)
+from records import read_log as read  # noqa: E402  (the library's modules, from tools/)
 BASELINES = {"rft": "demo_rft.py", "sft_answers": "demo_sft_answers.py", "sft_more": "demo_sft_more.py",
              "random": "demo_random.py"}
 METHODS = ("grpo", "rft", "sft_answers", "sft_more", "random")
