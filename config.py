@@ -25,13 +25,12 @@ import grpo
 import model
 import rewards
 from distributed import world_size
-from grpo import LossSettings
 from rewards import REFLECTION_MARKERS
 from template import template_dict, template_of
 
 
 @dataclass
-class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.LossSettings lists them
+class TrainConfig:
     # model, tokenizer, prompt
     model: str = "Qwen/Qwen2.5-0.5B"  # Hugging Face name or local dir, or "scratch": a new model of shape model_args
     model_args: dict = field(default_factory=dict)  # ModelConfig fields for model="scratch" (vocab_size defaults to the tokenizer's)
@@ -83,8 +82,21 @@ class TrainConfig(LossSettings):  # the loss's knobs are config keys too: grpo.L
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal and draw more questions
     max_num_gen_batches: int = 4  # dynamic sampling's cap: draws of prompts_per_step questions per step, the first
     # included; a batch still short then is filled up with dropped groups (rollout.sample_groups)
-    # advantages and the loss (grpo.py; the loss's own knobs, clip_eps, clip_eps_high, beta, kl_estimator, loss_agg
-    # and importance_sampling_level, are grpo.LossSettings' fields)
+    # the loss: grpo.grpo_loss takes each of these keys as a keyword, with the same default
+    clip_eps: float = 0.2  # the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (PPO's, DeepSeekMath's 0.2)
+    clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher (0.28)
+    beta: float = 0.04  # KL weight; 0 = no reference model at all
+    kl_estimator: str = "k3"  # grpo.KL_ESTIMATORS: "k3" (DeepSeekMath's), "k3_is", "k2" or "k1_reward"
+    loss_agg: str = "seq_mean"  # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
+    # "token" (GRPO: a ratio per token) | "sequence" (GSPO, arXiv:2507.18071: one ratio per sequence, the geometric
+    # mean of its token ratios, clipped per sequence; GSPO clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4)
+    importance_sampling_level: str = "token"
+    # truncated importance sampling (Yao et al. 2025): each token's clipped policy-gradient term weighed by
+    # min(pi_old / pi_sampler, tis_cap), detached, correcting for the sampler's own numerics (a bf16 copy, a
+    # KV-cache decode); None = off. As TRL's vllm_importance_sampling_mode="token_truncate" with this cap (TRL's
+    # default mode is "sequence_mask", with 3.0)
+    tis_cap: float | None = None
+    # advantages (grpo.py)
     supervision: str = "outcome"  # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
     process_weight: float = 1.0  # "both": advantage = outcome advantage + process_weight * process advantage
     adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)

@@ -1,48 +1,23 @@
 """
 GRPO's "learn" (DeepSeekMath, arXiv:2402.03300): the log-probs of the sampled tokens, the advantages, the clipped
-objective and its variants, and the micro-batched update that keeps them exact.
+objective and its variants, and the micro-batched update that keeps them exact, in the order a step reads them:
 
     batches = make_micro_batches(prompts, completions, size, pad_id, device, sampler_logprobs)
+    add_logprobs(reference, batches, "ref_logp", temperature, chunk, autocast)   # beta > 0: the KL's anchor
     set_advantages(batches, advantages_of(samples, batches, cfg))     # group-relative, per completion or per token
     stats = update(policy, optimizer, batches, cfg, lr, autocast)      # mu optimizer steps on grpo_loss
 
 The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE), process_advantages (per-step
-rewards), grpo_loss (PPO-clipped ratio per token or GSPO's per sequence, DAPO's clip-higher, a KL penalty by one of
-KL_ESTIMATORS, three loss aggregations), kl_penalized_rewards (the KL in the reward instead). A batch holds
-n_groups * group_size completions; each consecutive block of group_size rows answers one prompt. The loss's knobs
-are LossSettings' fields, listed once: grpo_loss takes them as keywords, config.TrainConfig inherits them as keys,
-check_settings checks them once when the config loads. A new variant is a field there and its lines in grpo_loss.
+rewards), grpo_loss (PPO-clipped ratio per token or GSPO's per sequence, DAPO's clip-higher, truncated importance
+sampling, a KL penalty by one of KL_ESTIMATORS, three loss aggregations), kl_penalized_rewards (the KL in the reward
+instead). Which KL each estimator's gradient follows is said once, in docs/guide.md ("The KL term"). The settings
+are config keys, checked once when the config loads (check_settings, at the end of this file), trusted here.
 
 The normaliser contract: a micro-batch's loss is divided by the WHOLE batch's sequence or token count (every rank's
 under torchrun), fixed before the micro-batch loop, so the micro-batches' gradients add up to the whole batch's
 exactly, however the rows are split (policy_gradient keeps it). The full-vocabulary logits of a micro-batch never
 exist at once: lm_head and log_softmax run a chunk of tokens at a time (completion_logprobs).
-
-Which KL estimator (r = pi_ref / pi_theta at a sampled token, samples from pi_old; on-policy: pi_old = pi_theta).
-The loss-side estimators' gradient claims hold per token, the prefix held fixed: for a completion of several tokens
-the gradient of the sequence's KL also has a term through the prefixes' own probabilities, which only k1_reward
-(a sequence-level score-function term) carries:
-    k3         r - log r - 1, added to the loss (DeepSeekMath, TRL's default). Its value is an unbiased estimate of
-               KL(pi_theta || pi_ref) on-policy, but its expected gradient is that of the other KL:
-               E[grad k3] = E[(1 - r) grad log pi_theta] = grad KL(pi_ref || pi_theta), the forward KL.
-    k3_is      k3 times the ratio pi_theta / pi_old (which carries the gradient; value 1 on-policy): the same value,
-               and E_old[ratio * k3] = KL(pi_theta || pi_ref) exactly, so its gradient is that of the reverse KL
-               for any pi_old, on-policy or off (TRL issue #4967, arXiv:2512.21852).
-    k2         (log r)^2 / 2, added to the loss (verl's "mse"): on-policy gradient
-               E[(log pi_theta - log pi_ref) grad log pi_theta] = grad KL(pi_theta || pi_ref); its value is not an
-               unbiased estimate of either KL (a second-order one near pi_ref). Off-policy (mu > 1) its expected
-               gradient is that of E_old[(log r)^2] / 2, which is not a KL's.
-    k1_reward  k1 = log pi_theta / pi_ref summed over the sequence, subtracted from the sequence's reward before the
-               group normalisation (kl_penalized_rewards; PPO-style): the score-function gradient
-               E[(R - beta k1) grad log pi] = grad (E[R] - beta KL(pi_theta || pi_ref)) on-policy, exactly when the
-               advantages are unbiased (adv_scale="none" with rloo or no baseline; "mean" scales it by (G-1)/G;
-               check_settings refuses "std", which divides beta back out in groups of equal rewards). k1 as a loss
-               term has zero expected gradient. advantages_of takes k1 from the sampler's log-probs (the bf16 copy
-               on a GPU), so logprob_gap adds to it.
-The value logged as "kl" is k3's whatever the estimator, so curves stay comparable; it estimates
-KL(pi_theta || pi_ref) on-policy, i.e. at the first of mu > 1 updates (the samples come from pi_old after that).
 """
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -58,83 +33,134 @@ LOSS_AGGS = ("seq_mean", "token_mean", "constant")
 KL_ESTIMATORS = ("k3", "k3_is", "k2", "k1_reward")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 KL_LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8 is finite in fp32; one outlier token cannot overflow the k3 term
+GAP_STATS = ("logprob_gap", "logprob_gap_max", "sampler_ratio")
+
+# -----------------------------------------------------------------------------
+# the step's rows in micro-batches: a row is a prompt (token ids) followed by its completion (token ids, stop token
+# included); make_micro_batches() splits a step's rows, pack() lays rows out in one tensor
 
 
 @dataclass
-class LossSettings:
-    """The knobs of grpo_loss, each a config key of train.py (config.TrainConfig inherits these fields)."""
-    clip_eps: float = 0.2  # the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (PPO's, DeepSeekMath's 0.2)
-    clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher (0.28)
-    beta: float = 0.04  # KL weight; 0 = no reference model at all
-    kl_estimator: str = "k3"  # KL_ESTIMATORS: "k3" (DeepSeekMath's), "k3_is", "k2" or "k1_reward" (module docstring)
-    loss_agg: str = "seq_mean"  # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
-    # "token" (GRPO: a ratio per token) | "sequence" (GSPO, arXiv:2507.18071: one ratio per sequence, the geometric
-    # mean of its token ratios, clipped per sequence; GSPO clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4)
-    importance_sampling_level: str = "token"
-    # truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
-    # training"): each token's clipped policy-gradient term weighed by min(pi_old / pi_sampler, tis_cap), detached,
-    # correcting for the sampler's own numerics (a bf16 copy, a KV-cache decode); None = off. TRL's default cap is 2
-    tis_cap: float | None = None
+class MicroBatch:
+    ids: torch.Tensor  # [b, P + N] left-padded prompts, then completions (right-padded)
+    attention_mask: torch.Tensor  # [b, P + N] bool: real tokens
+    mask: torch.Tensor  # [b, N] bool: completion tokens, stop token included
+    prompt_width: int  # P
+    rows: list[int]  # the step's rows this micro-batch holds, in its order
+    advantages: torch.Tensor | None = None  # [b] float32, or [b, N] per token (set_advantages)
+    old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
+    ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
+    sampler_logp: torch.Tensor | None = None  # [b, N] as the sampler computed them when it drew the tokens
 
 
-def loss_settings(source) -> dict:
-    """The LossSettings fields of source (a TrainConfig, or any object with them) as grpo_loss's keywords."""
-    return {field.name: getattr(source, field.name) for field in dataclasses.fields(LossSettings)}
+def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
+                       sampler_logprobs: list[list[float]] | None = None) -> list[MicroBatch]:
+    """Split rows into micro-batches of `size` rows of similar total length (less padding). Any split is exact
+    because the loss normalisers are whole-batch; rows are reordered, so keep per-row data in the MicroBatch (the
+    advantages: set_advantages). sampler_logprobs: each completion's per-token log-probs from the sampler
+    (sample.Rollout.logprobs), kept as sampler_logp to measure the trainer's against."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
+    batches = []
+    for start in range(0, len(order), size):
+        rows = order[start:start + size]
+        ids, attention_mask, mask, width = pack([prompts[i] for i in rows], [completions[i] for i in rows], pad_id)
+        batch = MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width, rows)
+        if sampler_logprobs is not None:
+            batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(
+                mask, torch.tensor([x for i in rows for x in sampler_logprobs[i]])).to(device)
+        batches.append(batch)
+    return batches
 
 
-def check_settings(cfg):
-    """A ValueError naming the knob unless cfg's loss settings (LossSettings' fields) and, for a TrainConfig, its
-    advantage settings (adv_baseline, adv_scale with group_size, k1_reward's needs) are ones grpo.py computes; run
-    once, when the config loads."""
-    clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    if cfg.loss_agg not in LOSS_AGGS:
-        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {cfg.loss_agg!r}")
-    if cfg.kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {cfg.kl_estimator!r}")
-    if cfg.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got "
-                         f"{cfg.importance_sampling_level!r}")
-    if not (0 <= cfg.clip_eps < 1 and clip_eps_high >= 0):
-        raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {cfg.clip_eps}, {clip_eps_high}")
-    if not cfg.beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {cfg.beta}")
-    if cfg.tis_cap is not None and not 1 <= cfg.tis_cap < float("inf"):
-        raise ValueError(f"tis_cap must be None (off) or a number >= 1 (a cap below 1 would shrink every on-policy "
-                         f"token's weight), got {cfg.tis_cap}")
-    if not hasattr(cfg, "adv_baseline"):  # a LossSettings alone
-        return
-    check_advantage_settings(cfg.adv_baseline, cfg.adv_scale, cfg.group_size)
-    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # the penalty lives in the outcome advantages
-        if cfg.supervision == "process":
-            raise ValueError("kl_estimator='k1_reward' puts the KL in the outcome rewards, which supervision='process' "
-                             "does not use: the run would have no KL penalty; use 'both', or k3_is in the loss")
-        if cfg.adv_scale != "none":
-            raise ValueError("kl_estimator='k1_reward' with adv_scale='std': in a group whose rewards are all equal "
-                             "(all right or all wrong) the std scaling divides beta back out and the KL alone gets "
-                             "unit-sized advantages; set adv_scale='none' (Dr. GRPO), or keep std with a loss-side "
-                             "estimator (k3_is)")
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
+    """Left-pad prompts, append completions: -> ids [b, P+N], attention_mask [b, P+N], mask [b, N], P.
+    The completion mask comes from the lengths, never from token values (Qwen's pad token is its EOS)."""
+    width, n_new = max(map(len, prompts)), max(map(len, completions))
+    ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        ids[i, width - len(prompt):width + len(completion)] = torch.tensor(prompt + completion)
+        attention_mask[i, width - len(prompt):width + len(completion)] = True
+    return ids, attention_mask, attention_mask[:, width:].clone(), width
 
 
-def check_advantage_settings(baseline: str, scale: str, group_size: int):
-    """A ValueError unless group_advantages computes advantages with this baseline and scale in groups of this size."""
-    if baseline not in BASELINES or scale not in SCALES:
-        raise ValueError(f"baseline must be one of {BASELINES} and scale one of {SCALES}, got {baseline!r}, {scale!r}")
-    if baseline == "none" and scale == "std":
-        raise ValueError("scale='std' needs a baseline: a raw reward divided by a zero group std explodes")
-    if baseline != "none" and group_size < 2:
-        raise ValueError(f"baseline {baseline!r} needs group_size >= 2, got {group_size}")
+# -----------------------------------------------------------------------------
+# log-probs of the sampled tokens: completion_logprobs() runs the model and gives the log-prob of every completion
+# token; add_logprobs() keeps them for the reference (beta > 0) and the sampling policy (mu > 1)
+
+
+@torch.no_grad()
+def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: float, chunk: int, autocast):
+    """Fill batch.<field> ("old_logp" or "ref_logp") of every micro-batch with its log-probs under `model`."""
+    for batch in batches:
+        with autocast:
+            setattr(batch, field, completion_logprobs(model, batch, temperature, chunk)[0])
+
+
+def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int):
+    """Log-probs [b, N] fp32 of the completion tokens (0 off the mask) under log_softmax(logits / temperature),
+    and their summed entropy (0-d, no grad). Logits at position t score token t+1. Only masked positions go through
+    lm_head, `chunk` tokens at a time; under autograd each chunk is recomputed in backward instead of stored."""
+    hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
+    hidden = hidden[:, batch.prompt_width - 1:-1][batch.mask]  # [M, dim]: the positions that predict completions
+    targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
+    pieces, entropy = [], torch.zeros((), device=hidden.device)
+    for start in range(0, targets.numel(), chunk):
+        args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk], temperature)
+        logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled() \
+            else _chunk_logprobs(*args)
+        pieces.append(logp)
+        entropy = entropy + ent
+    values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    return torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values), entropy
+
+
+def _chunk_logprobs(lm_head, hidden, targets, temperature):
+    """hidden [M, dim], targets [M] -> (log-prob of each target [M] fp32, summed entropy 0-d, no grad)."""
+    logits = lm_head(hidden).float() / temperature
+    log_z = logits.logsumexp(dim=-1)
+    chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
+    with torch.no_grad():
+        entropy = (log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)).sum()
+    return chosen, entropy
+
 
 # -----------------------------------------------------------------------------
 # advantages
 
 
-def _grouped(rewards, group_size):
-    """rewards [B] -> [B // group_size, group_size], with a clear error for a ragged batch."""
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
-    if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"batch of {rewards.numel()} rewards is not a whole number of groups of size {group_size}")
-    return rewards.float().view(-1, group_size)
+def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
+    """The advantages of a step's completions (rollout.Samples): [B] per completion (outcome supervision:
+    group_advantages of the rewards, less beta times each sequence's log-ratio to the reference with
+    kl_estimator="k1_reward"), or [B, T] per token (process supervision: process_advantages of the arithmetic
+    claims; "both" adds process_weight times them to the outcome's)."""
+    rewards = torch.tensor(samples.rewards)
+    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
+        log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp, len(rewards))
+        rewards = kl_penalized_rewards(rewards, log_ratio, cfg.beta)
+    advantages = group_advantages(rewards, cfg.group_size, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
+    if cfg.supervision == "outcome":
+        return advantages
+    rewards, ends, mask = claim_tensors(samples.claims)
+    process = process_advantages(rewards, ends, cfg.group_size, max(samples.lengths), mask)
+    return process if cfg.supervision == "process" else advantages[:, None] + cfg.process_weight * process
+
+
+def sequence_sums(batches: list[MicroBatch], values, n: int) -> torch.Tensor:
+    """[n] (on the CPU): for each row of the step, the sum over its completion tokens of values(batch) [b, N]."""
+    sums = torch.zeros(n)
+    for batch in batches:
+        sums[batch.rows] = (values(batch) * batch.mask).sum(dim=1).float().cpu()
+    return sums
+
+
+def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
+    """kl_estimator="k1_reward": rewards [B] minus beta times each sequence's log pi_theta / pi_ref [B] (k1 summed
+    over its tokens, under the policy that sampled it), before group_advantages; the loss then adds no KL term."""
+    if rewards.shape != sequence_log_ratio.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and sequence_log_ratio {tuple(sequence_log_ratio.shape)} "
+                         "must both be [B]")
+    return rewards.float() - beta * sequence_log_ratio.float()
 
 
 def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6):
@@ -147,23 +173,43 @@ def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6
     GRPO = ("mean", "std"), Dr. GRPO = ("mean", "none"), RLOO = ("rloo", "none"), REINFORCE = ("none", "none").
     With a baseline, a group whose rewards are all equal gets exactly 0 (not rounding noise over eps).
     """
-    check_advantage_settings(baseline, scale, group_size)
-    grouped = _grouped(rewards, group_size)
+    grouped = _grouped(rewards, group_size)  # [n_groups, G]
     if baseline == "none":
+        if scale != "none":
+            raise ValueError("scale='std' needs a baseline: a raw reward divided by a zero group std explodes")
         return grouped.flatten()
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if baseline == "rloo":
         centred = centred * group_size / (group_size - 1)
+    elif baseline != "mean":
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if scale == "std":
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    elif scale != "none":
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
     return torch.where(all_equal, torch.zeros_like(centred), centred).flatten()
+
+
+def _grouped(rewards, group_size):
+    """rewards [B] -> [B // group_size, group_size] float32 (a ragged batch does not view as groups: it raises)."""
+    return rewards.float().view(-1, group_size)
 
 
 def zero_std_group_fraction(rewards, group_size):
     """Fraction of groups whose rewards are all equal (they carry no signal): rewards [B] -> 0-d tensor."""
     grouped = _grouped(rewards, group_size)
     return (grouped == grouped[:, :1]).all(dim=1).float().mean()
+
+
+def claim_tensors(claims: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-completion claims [(token index of the claim's end, reward)] -> grpo.process_advantages' claim_rewards
+    [B, S] float, claim_ends [B, S] long and claim_mask [B, S] bool, right-padded to the most claims S."""
+    width = max(map(len, claims))
+    padded = [row + [(0, 0.0)] * (width - len(row)) for row in claims]
+    return (torch.tensor([[reward for _, reward in row] for row in padded]),
+            torch.tensor([[end for end, _ in row] for row in padded]),
+            torch.tensor([[True] * len(row) + [False] * (width - len(row)) for row in claims]))
 
 
 def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mask=None, eps=1e-6):
@@ -205,182 +251,6 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
     return at_end.flip(1).cumsum(1).flip(1)
 
 
-def claim_tensors(claims: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-completion claims [(token index of the claim's end, reward)] -> grpo.process_advantages' claim_rewards
-    [B, S] float, claim_ends [B, S] long and claim_mask [B, S] bool, right-padded to the most claims S."""
-    width = max(map(len, claims))
-    padded = [row + [(0, 0.0)] * (width - len(row)) for row in claims]
-    return (torch.tensor([[reward for _, reward in row] for row in padded]),
-            torch.tensor([[end for end, _ in row] for row in padded]),
-            torch.tensor([[True] * len(row) + [False] * (width - len(row)) for row in claims]))
-
-
-def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
-    """kl_estimator="k1_reward": rewards [B] minus beta times each sequence's log pi_theta / pi_ref [B] (k1 summed
-    over its tokens, under the policy that sampled it), before group_advantages; the loss then adds no KL term."""
-    if rewards.shape != sequence_log_ratio.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards {tuple(rewards.shape)} and sequence_log_ratio {tuple(sequence_log_ratio.shape)} "
-                         "must both be [B]")
-    return rewards.float() - beta * sequence_log_ratio.float()
-
-
-# -----------------------------------------------------------------------------
-# the loss
-
-
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, num_tokens=None, constant_norm=None,
-              sampler_logp=None, **settings):
-    """GRPO loss to minimise (= -J of DeepSeekMath) for one batch or micro-batch; returns (loss, stats).
-
-    logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded positions must hold
-        finite values (e.g. 0): nan/inf there would leak into the gradient through the mask.
-    old_logp [B, T] or None: under the sampling policy, no grad. None = one update per batch of samples (mu = 1):
-        logp.detach() is used, so the ratio is 1 in value but still carries the policy gradient.
-    ref_logp [B, T] or None: under the reference model; None only when beta == 0.
-    advantages [B] (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens, stop token
-        included.
-    sampler_logp [B, T] or None: as the sampler computed them when it drew the tokens; read with tis_cap only.
-    settings: LossSettings' fields as keywords, each defaulting to LossSettings' value, trusted as given (check_settings
-        checked the config's once).
-    Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, KL by kl_estimator in fp32
-    with ref - logp clamped to +-20: "k3" exp(ref - logp) - (ref - logp) - 1, "k3_is" token ratio * k3, "k2"
-    (ref - logp)^2 / 2, "k1_reward" none (it is in the rewards). tis_cap (truncated importance sampling) weighs the
-    clipped term, not the KL, by w = min(exp(old_logp - sampler_logp), tis_cap), detached: the samples came from the
-    sampler, whose log-probs differ from the trainer's own. importance_sampling_level "sequence" (GSPO, Zheng et
-    al. 2025, arXiv:2507.18071, eq. 7) shares one ratio per sequence, s_i = exp(sum_t mask_it (logp - old_logp)_it /
-    |o_i|), clipped per sequence: its gradient moves every token of a sequence by s_i A_i / |o_i|, and on-policy
-    equals the token level's with seq_mean; its ratios stay near 1, so it clips far tighter (clip_eps 3e-4, 4e-4).
-    loss_agg, with N = num_sequences, |o_i| = masked tokens of row i:
-        "seq_mean"   (DeepSeekMath): sum_i (sum_t loss_it / |o_i|) / N
-        "token_mean" (DAPO):         sum_it loss_it / num_tokens
-        "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N), constant_norm e.g. max_new_tokens
-    num_sequences, num_tokens, constant_norm default to this call's own B, mask.sum() and T; under gradient
-    accumulation pass the WHOLE batch's to every micro-batch (the module docstring's contract; policy_gradient).
-    stats (detached 0-d tensors, no host sync), each a sum over this call's masked tokens divided by num_tokens, so
-    that micro-batch stats add up to the whole batch's means: "kl" (k3's value whatever the estimator, comparable
-    across runs; nan without ref_logp), "clip_frac_low" (A < 0 and ratio < 1-clip_eps), "clip_frac_high" (A > 0 and
-    ratio > 1+clip_eps_high), "ratio_mean"; with tis_cap, "tis_capped_frac" (tokens whose weight was capped) and
-    "tis_weight_mean".
-    """
-    settings = LossSettings(**settings)
-    clip_eps, beta, kl_estimator = settings.clip_eps, settings.beta, settings.kl_estimator
-    clip_eps_high = clip_eps if settings.clip_eps_high is None else settings.clip_eps_high
-    if beta > 0 and ref_logp is None:
-        raise ValueError(f"beta={beta} needs ref_logp; pass beta=0 to train without a reference model")
-    for name, t in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
-        if t is not None and t.shape != logp.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, logp has {tuple(logp.shape)}")
-    if advantages.shape not in (logp.shape[:1], logp.shape):
-        raise ValueError(f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logp "
-                         f"{tuple(logp.shape)}")
-
-    logp = logp.float()
-    old_logp = logp.detach() if old_logp is None else old_logp.float()
-    adv = advantages.float() if advantages.dim() == 2 else advantages.float().unsqueeze(1)
-    weights = mask.float()
-
-    token_ratio = torch.exp(logp - old_logp)
-    if settings.importance_sampling_level == "token":
-        ratio = token_ratio
-    elif settings.importance_sampling_level == "sequence":  # GSPO: one ratio per sequence, shared by its tokens
-        lengths = weights.sum(dim=1, keepdim=True).clamp(min=1)
-        ratio = torch.exp(((logp - old_logp) * weights).sum(dim=1, keepdim=True) / lengths).expand_as(logp)
-    else:
-        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}")
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
-    token_loss = -torch.minimum(ratio * adv, clipped * adv)
-    if settings.tis_cap is not None:  # truncated importance sampling: sampler -> pi_old, capped, no gradient
-        if sampler_logp is None:
-            raise ValueError("tis_cap needs sampler_logp, the sampler's log-probs of the sampled tokens")
-        sampler_ratio = torch.exp(old_logp - sampler_logp.float()).detach()
-        token_loss = token_loss * sampler_ratio.clamp(max=settings.tis_cap)
-    kl = None
-    if ref_logp is not None:
-        log_ratio = (ref_logp.float() - logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        kl = torch.exp(log_ratio) - log_ratio - 1
-        if beta > 0 and kl_estimator != "k1_reward":
-            if kl_estimator not in ("k3", "k3_is", "k2"):
-                raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
-            penalty = {"k3": kl, "k3_is": token_ratio * kl, "k2": 0.5 * log_ratio ** 2}[kl_estimator]
-            token_loss = token_loss + beta * penalty
-
-    masked_sum = (token_loss * weights).sum(dim=1)  # [B]
-    n_seq = logp.shape[0] if num_sequences is None else num_sequences
-    if settings.loss_agg == "seq_mean":
-        loss = (masked_sum / weights.sum(dim=1).clamp(min=1)).sum() / n_seq
-    elif settings.loss_agg == "token_mean":
-        loss = masked_sum.sum() / (weights.sum().clamp(min=1) if num_tokens is None else num_tokens)
-    elif settings.loss_agg == "constant":
-        loss = masked_sum.sum() / ((logp.shape[1] if constant_norm is None else constant_norm) * n_seq)
-    else:
-        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {settings.loss_agg!r}")
-
-    with torch.no_grad():
-        token_count = weights.sum().clamp(min=1) if num_tokens is None else num_tokens
-
-        def token_mean(x):
-            return (x.float() * weights).sum() / token_count
-        stats = {
-            "kl": token_mean(kl) if kl is not None else torch.tensor(float("nan"), device=logp.device),
-            "clip_frac_low": token_mean((adv < 0) & (ratio < 1 - clip_eps)),
-            "clip_frac_high": token_mean((adv > 0) & (ratio > 1 + clip_eps_high)),
-            "ratio_mean": token_mean(ratio),
-        }
-        if settings.tis_cap is not None:
-            stats["tis_capped_frac"] = token_mean(sampler_ratio > settings.tis_cap)
-            stats["tis_weight_mean"] = token_mean(sampler_ratio.clamp(max=settings.tis_cap))
-    return loss, stats
-
-# -----------------------------------------------------------------------------
-# log-probs of the sampled tokens: a row is a prompt (token ids) followed by its completion (token ids, stop token
-# included); pack() lays rows out in one tensor, make_micro_batches() splits a step's rows, completion_logprobs()
-# runs the model and gives the log-prob of every completion token
-
-
-@dataclass
-class MicroBatch:
-    ids: torch.Tensor  # [b, P + N] left-padded prompts, then completions (right-padded)
-    attention_mask: torch.Tensor  # [b, P + N] bool: real tokens
-    mask: torch.Tensor  # [b, N] bool: completion tokens, stop token included
-    prompt_width: int  # P
-    rows: list[int]  # the step's rows this micro-batch holds, in its order
-    advantages: torch.Tensor | None = None  # [b] float32, or [b, N] per token (set_advantages)
-    old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
-    ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
-    sampler_logp: torch.Tensor | None = None  # [b, N] as the sampler computed them when it drew the tokens
-
-
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Left-pad prompts, append completions: -> ids [b, P+N], attention_mask [b, P+N], mask [b, N], P.
-    The completion mask comes from the lengths, never from token values (Qwen's pad token is its EOS)."""
-    width, n_new = max(map(len, prompts)), max(map(len, completions))
-    ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(ids, dtype=torch.bool)
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        ids[i, width - len(prompt):width + len(completion)] = torch.tensor(prompt + completion)
-        attention_mask[i, width - len(prompt):width + len(completion)] = True
-    return ids, attention_mask, attention_mask[:, width:].clone(), width
-
-
-def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
-                       sampler_logprobs: list[list[float]] | None = None) -> list[MicroBatch]:
-    """Split rows into micro-batches of `size` rows of similar total length (less padding). Any split is exact
-    because the loss normalisers are whole-batch; rows are reordered, so keep per-row data in the MicroBatch (the
-    advantages: set_advantages). sampler_logprobs: each completion's per-token log-probs from the sampler
-    (sample.Rollout.logprobs), kept as sampler_logp to measure the trainer's against."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
-    batches = []
-    for start in range(0, len(order), size):
-        rows = order[start:start + size]
-        ids, attention_mask, mask, width = pack([prompts[i] for i in rows], [completions[i] for i in rows], pad_id)
-        batch = MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width, rows)
-        if sampler_logprobs is not None:
-            batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(
-                mask, torch.tensor([x for i in rows for x in sampler_logprobs[i]])).to(device)
-        batches.append(batch)
-    return batches
-
-
 def set_advantages(batches: list[MicroBatch], advantages: torch.Tensor):
     """advantages: [B] (one per completion) or [B, T] (per token, T >= the longest completion), in the step's row
     order: each micro-batch takes its rows and, per token, its own N completion columns."""
@@ -389,91 +259,13 @@ def set_advantages(batches: list[MicroBatch], advantages: torch.Tensor):
         batch.advantages = (rows if advantages.dim() == 1 else rows[:, :batch.mask.shape[1]]).to(batch.ids.device)
 
 
-def batch_sizes(batches: list[MicroBatch]) -> tuple:
-    """The step's number of sequences and of completion tokens (0-d tensors), summed over the ranks under torchrun:
-    the loss normalisers of every micro-batch."""
-    n_seq = sum(b.mask.shape[0] for b in batches)
-    n_tok = sum(b.mask.sum() for b in batches)
-    if dist.is_initialized():
-        n_seq, n_tok = summed_over_ranks(torch.stack([torch.tensor(n_seq, device=n_tok.device), n_tok]))
-    return n_seq, n_tok
-
-
-@torch.no_grad()
-def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, torch.Tensor]:
-    """How far the trainer's log-probs logp [b, N] of the sampled tokens lie from the sampler's: this micro-batch's
-    share of {"logprob_gap": mean |trainer - sampler|, "sampler_ratio": mean exp(trainer - sampler)} over n_tok
-    tokens, and its max |trainer - sampler| (0-d)."""
-    diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
-    return ({"logprob_gap": diff.abs().sum() / n_tok, "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok},
-            diff.abs().max())
-
-
-def sequence_sums(batches: list[MicroBatch], values, n: int) -> torch.Tensor:
-    """[n] (on the CPU): for each row of the step, the sum over its completion tokens of values(batch) [b, N]."""
-    sums = torch.zeros(n)
-    for batch in batches:
-        sums[batch.rows] = (values(batch) * batch.mask).sum(dim=1).float().cpu()
-    return sums
-
-
-def _chunk_logprobs(lm_head, hidden, targets, temperature):
-    """hidden [M, dim], targets [M] -> (log-prob of each target [M] fp32, summed entropy 0-d, no grad)."""
-    logits = lm_head(hidden).float() / temperature
-    log_z = logits.logsumexp(dim=-1)
-    chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    with torch.no_grad():
-        entropy = (log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)).sum()
-    return chosen, entropy
-
-
-def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int):
-    """Log-probs [b, N] fp32 of the completion tokens (0 off the mask) under log_softmax(logits / temperature),
-    and their summed entropy (0-d, no grad). Logits at position t score token t+1. Only masked positions go through
-    lm_head, `chunk` tokens at a time; under autograd each chunk is recomputed in backward instead of stored."""
-    hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
-    hidden = hidden[:, batch.prompt_width - 1:-1][batch.mask]  # [M, dim]: the positions that predict completions
-    targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
-    pieces, entropy = [], torch.zeros((), device=hidden.device)
-    for start in range(0, targets.numel(), chunk):
-        args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk], temperature)
-        logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled() \
-            else _chunk_logprobs(*args)
-        pieces.append(logp)
-        entropy = entropy + ent
-    values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-    return torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values), entropy
-
-
-@torch.no_grad()
-def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: float, chunk: int, autocast):
-    """Fill batch.<field> ("old_logp" or "ref_logp") of every micro-batch with its log-probs under `model`."""
-    for batch in batches:
-        with autocast:
-            setattr(batch, field, completion_logprobs(model, batch, temperature, chunk)[0])
-
 # -----------------------------------------------------------------------------
-# the update: advantages for a step's rows, mu optimizer steps on the loss over every micro-batch
+# the update: mu optimizer steps on the loss over every micro-batch
 
 
-def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
-    """The advantages of a step's completions (rollout.Samples): [B] per completion (outcome supervision:
-    group_advantages of the rewards, less beta times each sequence's log-ratio to the reference with
-    kl_estimator="k1_reward"), or [B, T] per token (process supervision: process_advantages of the arithmetic
-    claims; "both" adds process_weight times them to the outcome's)."""
-    rewards = torch.tensor(samples.rewards)
-    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
-        log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp, len(rewards))
-        rewards = kl_penalized_rewards(rewards, log_ratio, cfg.beta)
-    advantages = group_advantages(rewards, cfg.group_size, baseline=cfg.adv_baseline, scale=cfg.adv_scale)
-    if cfg.supervision == "outcome":
-        return advantages
-    rewards, ends, mask = claim_tensors(samples.claims)
-    process = process_advantages(rewards, ends, cfg.group_size, max(samples.lengths), mask)
-    return process if cfg.supervision == "process" else advantages[:, None] + cfg.process_weight * process
-
-
-GAP_STATS = ("logprob_gap", "logprob_gap_max", "sampler_ratio")
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
+    return lr * min(1.0, step / max(1, warmup_steps))
 
 
 def update(policy, optimizer, batches: list[MicroBatch], cfg, lr: float, autocast, ddp=None) -> dict[str, float]:
@@ -505,7 +297,10 @@ def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast, measure_ga
                 logp, entropy = completion_logprobs(policy, batch, cfg.temperature, cfg.logprob_chunk)
             loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
                                     num_sequences=n_seq, num_tokens=n_tok, constant_norm=cfg.max_new_tokens,
-                                    sampler_logp=batch.sampler_logp, **loss_settings(cfg))
+                                    sampler_logp=batch.sampler_logp, clip_eps=cfg.clip_eps,
+                                    clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
+                                    loss_agg=cfg.loss_agg, importance_sampling_level=cfg.importance_sampling_level,
+                                    tis_cap=cfg.tis_cap)
             # DDP and FSDP2 average the ranks' gradients; with global normalisers the sum is the batch's gradient
             (loss * world_size()).backward()
         if measure_gap:
@@ -519,23 +314,132 @@ def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast, measure_ga
         totals["logprob_gap_max"] = max_over_ranks(gap_max)
     return totals
 
+
+def batch_sizes(batches: list[MicroBatch]) -> tuple:
+    """The step's number of sequences and of completion tokens (0-d tensors), summed over the ranks under torchrun:
+    the loss normalisers of every micro-batch."""
+    n_seq = sum(b.mask.shape[0] for b in batches)
+    n_tok = sum(b.mask.sum() for b in batches)
+    if dist.is_initialized():
+        n_seq, n_tok = summed_over_ranks(torch.stack([torch.tensor(n_seq, device=n_tok.device), n_tok]))
+    return n_seq, n_tok
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, num_tokens=None, constant_norm=None,
+              sampler_logp=None, clip_eps=0.2, clip_eps_high=None, beta=0.04, kl_estimator="k3", loss_agg="seq_mean",
+              importance_sampling_level="token", tis_cap=None):
+    """GRPO loss to minimise (= -J of DeepSeekMath) for one batch or micro-batch; returns (loss, stats).
+
+    logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded positions must hold
+        finite values (e.g. 0): nan/inf there would leak into the gradient through the mask.
+    old_logp [B, T] or None: under the sampling policy, no grad. None = one update per batch of samples (mu = 1):
+        logp.detach() is used, so the ratio is 1 in value but still carries the policy gradient.
+    ref_logp [B, T] or None: under the reference model; None only when beta == 0.
+    advantages [B] (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens, stop token
+        included.
+    sampler_logp [B, T] or None: as the sampler computed them when it drew the tokens; read with tis_cap only.
+    The knobs after sampler_logp are the config keys of the same names (config.TrainConfig, with the same defaults),
+    trusted as given (check_settings checks the config's once); clip_eps_high None is clip_eps.
+    Per token: loss = -min(ratio*A, clip(ratio, 1-clip_eps, 1+clip_eps_high)*A) + beta*KL, KL by kl_estimator in fp32
+    with ref - logp clamped to +-20: "k3" exp(ref - logp) - (ref - logp) - 1, "k3_is" token ratio * k3, "k2"
+    (ref - logp)^2 / 2, "k1_reward" none (it is in the rewards; kl_penalized_rewards); which KL each one's gradient
+    follows: docs/guide.md, "The KL term". tis_cap (truncated importance sampling, Yao et al. 2025) weighs the
+    clipped term, not the KL, by w = min(exp(old_logp - sampler_logp), tis_cap), detached: the samples came from the
+    sampler, whose log-probs differ from the trainer's own. importance_sampling_level "sequence" (GSPO, Zheng et
+    al. 2025, arXiv:2507.18071, eq. 7) shares one ratio per sequence, s_i = exp(sum_t mask_it (logp - old_logp)_it /
+    |o_i|), clipped per sequence: its gradient moves every token of a sequence by s_i A_i / |o_i|, and on-policy
+    equals the token level's with seq_mean; its ratios stay near 1, so it clips far tighter (clip_eps 3e-4, 4e-4).
+    loss_agg, with N = num_sequences, |o_i| = masked tokens of row i:
+        "seq_mean"   (DeepSeekMath): sum_i (sum_t loss_it / |o_i|) / N
+        "token_mean" (DAPO):         sum_it loss_it / num_tokens
+        "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N), constant_norm e.g. max_new_tokens
+    num_sequences, num_tokens, constant_norm default to this call's own B, mask.sum() and T; under gradient
+    accumulation pass the WHOLE batch's to every micro-batch (the module docstring's contract; policy_gradient).
+    stats (detached 0-d tensors, no host sync), each a sum over this call's masked tokens divided by num_tokens, so
+    that micro-batch stats add up to the whole batch's means: "kl" (k3's value whatever the estimator, comparable
+    across runs; nan without ref_logp), "clip_frac_low" (A < 0 and ratio < 1-clip_eps), "clip_frac_high" (A > 0 and
+    ratio > 1+clip_eps_high), "ratio_mean"; with tis_cap, "tis_capped_frac" (tokens whose weight was capped) and
+    "tis_weight_mean".
+    """
+    if beta > 0 and ref_logp is None:
+        raise ValueError(f"beta={beta} needs ref_logp; pass beta=0 to train without a reference model")
+    clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    logp = logp.float()
+    old_logp = logp.detach() if old_logp is None else old_logp.float()
+    adv = advantages.float() if advantages.dim() == 2 else advantages.float().unsqueeze(1)
+    weights = mask.float()
+
+    token_ratio = torch.exp(logp - old_logp)  # [B, T]
+    if importance_sampling_level == "token":
+        ratio = token_ratio
+    elif importance_sampling_level == "sequence":  # GSPO: one ratio per sequence, shared by its tokens
+        lengths = weights.sum(dim=1, keepdim=True).clamp(min=1)
+        ratio = torch.exp(((logp - old_logp) * weights).sum(dim=1, keepdim=True) / lengths).expand_as(logp)
+    else:
+        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}")
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
+    token_loss = -torch.minimum(ratio * adv, clipped * adv)
+    if tis_cap is not None:  # truncated importance sampling: sampler -> pi_old, capped, no gradient
+        if sampler_logp is None:
+            raise ValueError("tis_cap needs sampler_logp, the sampler's log-probs of the sampled tokens")
+        sampler_ratio = torch.exp(old_logp - sampler_logp.float()).detach()
+        token_loss = token_loss * sampler_ratio.clamp(max=tis_cap)
+    kl = None
+    if ref_logp is not None:
+        log_ratio = (ref_logp.float() - logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+        kl = torch.exp(log_ratio) - log_ratio - 1
+        if beta > 0 and kl_estimator != "k1_reward":  # k1_reward's KL is in the rewards (kl_penalized_rewards)
+            if kl_estimator == "k3":
+                penalty = kl
+            elif kl_estimator == "k3_is":
+                penalty = token_ratio * kl
+            elif kl_estimator == "k2":
+                penalty = 0.5 * log_ratio ** 2
+            else:
+                raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
+            token_loss = token_loss + beta * penalty
+
+    masked_sum = (token_loss * weights).sum(dim=1)  # [B]
+    n_seq = logp.shape[0] if num_sequences is None else num_sequences
+    if loss_agg == "seq_mean":
+        loss = (masked_sum / weights.sum(dim=1).clamp(min=1)).sum() / n_seq
+    elif loss_agg == "token_mean":
+        loss = masked_sum.sum() / (weights.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    elif loss_agg == "constant":
+        loss = masked_sum.sum() / ((logp.shape[1] if constant_norm is None else constant_norm) * n_seq)
+    else:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+
+    with torch.no_grad():
+        token_count = weights.sum().clamp(min=1) if num_tokens is None else num_tokens
+
+        def token_mean(x):
+            return (x.float() * weights).sum() / token_count
+        stats = {
+            "kl": token_mean(kl) if kl is not None else torch.tensor(float("nan"), device=logp.device),
+            "clip_frac_low": token_mean((adv < 0) & (ratio < 1 - clip_eps)),
+            "clip_frac_high": token_mean((adv > 0) & (ratio > 1 + clip_eps_high)),
+            "ratio_mean": token_mean(ratio),
+        }
+        if tis_cap is not None:
+            stats["tis_capped_frac"] = token_mean(sampler_ratio > tis_cap)
+            stats["tis_weight_mean"] = token_mean(sampler_ratio.clamp(max=tis_cap))
+    return loss, stats
+
+
+@torch.no_grad()
+def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, torch.Tensor]:
+    """How far the trainer's log-probs logp [b, N] of the sampled tokens lie from the sampler's: this micro-batch's
+    share of {"logprob_gap": mean |trainer - sampler|, "sampler_ratio": mean exp(trainer - sampler)} over n_tok
+    tokens, and its max |trainer - sampler| (0-d)."""
+    diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
+    return ({"logprob_gap": diff.abs().sum() / n_tok, "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok},
+            diff.abs().max())
+
+
 # -----------------------------------------------------------------------------
 # the optimizer: AdamW over fp32 master weights, the update every training step ends with (GRPO, the warm start, the
 # baselines)
-
-
-def configure_optimizer(model, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.99)) -> torch.optim.AdamW:
-    """AdamW over model's trainable parameters; weight decay on matrices only (not norms, biases). Keep the
-    parameters fp32: plain bf16 AdamW rounds an update of lr 1e-6 away."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=model.lm_head.weight.is_cuda)
-
-
-def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
-    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
-    return lr * min(1.0, step / max(1, warmup_steps))
 
 
 def optimizer_step(model, optimizer, lr: float, grad_clip: float, loss: torch.Tensor | None = None) -> torch.Tensor:
@@ -560,6 +464,60 @@ def optimizer_step(model, optimizer, lr: float, grad_clip: float, loss: torch.Te
     return norm
 
 
+def configure_optimizer(model, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.99)) -> torch.optim.AdamW:
+    """AdamW over model's trainable parameters; weight decay on matrices only (not norms, biases). Keep the
+    parameters fp32: plain bf16 AdamW rounds an update of lr 1e-6 away."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=model.lm_head.weight.is_cuda)
+
+
 def optimizer_updates(optimizer) -> int:
     """How many updates the optimizer has taken (AdamW's step count; 0 before the first)."""
     return next((int(state["step"]) for state in optimizer.state.values() if "step" in state), 0)
+
+
+# -----------------------------------------------------------------------------
+# the settings, checked once when the config loads (config.validate)
+
+
+def check_settings(cfg):
+    """A ValueError naming the knob unless cfg's loss settings (grpo_loss's keywords) and advantage settings
+    (adv_baseline, adv_scale with group_size, k1_reward's needs) are ones grpo.py computes; run once, when the
+    config loads."""
+    clip_eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    if cfg.loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {cfg.loss_agg!r}")
+    if cfg.kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {cfg.kl_estimator!r}")
+    if cfg.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got "
+                         f"{cfg.importance_sampling_level!r}")
+    if not (0 <= cfg.clip_eps < 1 and clip_eps_high >= 0):
+        raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {cfg.clip_eps}, {clip_eps_high}")
+    if not cfg.beta >= 0:
+        raise ValueError(f"beta must be >= 0, got {cfg.beta}")
+    if cfg.tis_cap is not None and not 1 <= cfg.tis_cap < float("inf"):
+        raise ValueError(f"tis_cap must be None (off) or a number >= 1 (a cap below 1 would shrink every on-policy "
+                         f"token's weight), got {cfg.tis_cap}")
+    check_advantage_settings(cfg.adv_baseline, cfg.adv_scale, cfg.group_size)
+    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # the penalty lives in the outcome advantages
+        if cfg.supervision == "process":
+            raise ValueError("kl_estimator='k1_reward' puts the KL in the outcome rewards, which supervision='process' "
+                             "does not use: the run would have no KL penalty; use 'both', or k3_is in the loss")
+        if cfg.adv_scale != "none":
+            raise ValueError("kl_estimator='k1_reward' with adv_scale='std': in a group whose rewards are all equal "
+                             "(all right or all wrong) the std scaling divides beta back out and the KL alone gets "
+                             "unit-sized advantages; set adv_scale='none' (Dr. GRPO), or keep std with a loss-side "
+                             "estimator (k3_is)")
+
+
+def check_advantage_settings(baseline: str, scale: str, group_size: int):
+    """A ValueError unless group_advantages computes advantages with this baseline and scale in groups of this size."""
+    if baseline not in BASELINES or scale not in SCALES:
+        raise ValueError(f"baseline must be one of {BASELINES} and scale one of {SCALES}, got {baseline!r}, {scale!r}")
+    if baseline == "none" and scale == "std":
+        raise ValueError("scale='std' needs a baseline: a raw reward divided by a zero group std explodes")
+    if baseline != "none" and group_size < 2:
+        raise ValueError(f"baseline {baseline!r} needs group_size >= 2, got {group_size}")

@@ -2,6 +2,7 @@
 select/concat, DAPO's overlong penalty and dynamic sampling with its seeds), what a reward may read, the metrics'
 one home, and bring-your-own data."""
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -9,11 +10,12 @@ import os
 import pytest
 import torch
 
+import grpo
 import rollout
 import train
 from config import TrainConfig
 from data import load_problems
-from grpo import LossSettings, grpo_loss, loss_settings
+from grpo import grpo_loss
 from rewards import score_completions
 from rollout import QuestionStream, informative_groups, overlong_penalty
 from rollout import Samples, rollout_seed, sample_groups
@@ -33,13 +35,22 @@ def samples_of(rewards, lengths=None, correct=None, problems=None):
 # the loss's settings: listed once
 
 
-def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_reach_grpo_loss():
-    cfg = TrainConfig(clip_eps=0.1, kl_estimator="k2", importance_sampling_level="sequence")
-    for field in dataclasses.fields(LossSettings):
-        assert field.name in {f.name for f in dataclasses.fields(TrainConfig)}
-        assert getattr(TrainConfig(), field.name) == field.default
-    assert loss_settings(cfg) == {**dataclasses.asdict(LossSettings()), "clip_eps": 0.1, "kl_estimator": "k2",
-                                  "importance_sampling_level": "sequence"}
+def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_reach_grpo_loss(tmp_path, monkeypatch):
+    """The loss's knobs are grpo_loss's keywords after sampler_logp, each a config key with the same default, and
+    the update passes each one from the config."""
+    parameters = list(inspect.signature(grpo_loss).parameters.values())
+    knobs = parameters[[p.name for p in parameters].index("sampler_logp") + 1:]
+    assert [p.name for p in knobs] == ["clip_eps", "clip_eps_high", "beta", "kl_estimator", "loss_agg",
+                                       "importance_sampling_level", "tis_cap"]
+    assert all(getattr(TrainConfig(), p.name) == p.default for p in knobs)
+    seen = []
+    real = grpo.grpo_loss
+    monkeypatch.setattr(grpo, "grpo_loss", lambda *args, **kwargs: seen.append(kwargs) or real(*args, **kwargs))
+    cfg = tiny(tmp_path, max_steps=1, clip_eps=0.1, clip_eps_high=0.3, beta=0.05, kl_estimator="k2",
+               loss_agg="token_mean", importance_sampling_level="sequence", tis_cap=1.5)
+    train.train(cfg)
+    assert seen and all({p.name: kwargs[p.name] for p in knobs} == {p.name: getattr(cfg, p.name) for p in knobs}
+                        for kwargs in seen)
     with pytest.raises(TypeError, match="unexpected keyword argument 'clip'"):
         grpo_loss(torch.zeros(1, 1), None, None, torch.zeros(1), torch.ones(1, 1), clip=0.1, beta=0.0)
     with pytest.raises(ValueError, match="config: importance_sampling_level must be one of"):

@@ -187,8 +187,10 @@ def test_process_advantages_by_hand():
 
 
 def test_bad_inputs_are_refused():
-    with pytest.raises(ValueError, match="groups of size"):
+    with pytest.raises(RuntimeError, match="invalid for input of size 6"):  # a ragged batch: no groups of 4
         group_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        group_advantages(torch.zeros(8), 4, baseline="median")
     with pytest.raises(ValueError, match="needs ref_logp"):
         grpo_loss(torch.zeros(2, 3), None, None, torch.zeros(2), torch.ones(2, 3), beta=0.04)
     with pytest.raises(ValueError, match="loss_agg"):
