@@ -17,48 +17,63 @@ from answers import ANSWER_CHECKERS, answer_checker_of, extract_answer, is_equiv
 from template import R1_ZERO, Template, template_of
 
 # -----------------------------------------------------------------------------
-# rewards: one signature (completion, gold, truncated=False, template=R1_ZERO) -> float
+# scoring a rollout: every reward a config weighs, on every completion
 
 
-def correctness_reward(completion: str, gold: str, truncated: bool = False, template: Template = R1_ZERO,
-                       answer_checker: str = "gsm8k") -> float:
-    """1.0 if the completion's final answer (extract_answer, in template's tags) equals gold (a final-answer string
-    like "1,600"), else 0.0. A truncated completion never finished its answer, so it earns nothing.
-    answer_checker (ANSWER_CHECKERS): "gsm8k" (the default: every form of extract_answer, rewards.is_equiv) or
-    "math" (MATH_FORMS, math_answers.is_equiv_math)."""
-    if truncated:
-        return 0.0
-    forms, equiv = answer_checker_of(answer_checker)
-    return 1.0 if equiv(extract_answer(completion, forms, template), gold) else 0.0
-
-
-def format_reward(completion: str, gold: str, truncated: bool = False, template: Template = R1_ZERO) -> float:
+def score_completions(completions: list[str], golds: list[str], truncated: list[bool], weights: dict[str, float],
+                      questions: list[str] | None = None, functions=None, template: Template = R1_ZERO,
+                      lengths: list[int] | None = None, max_new_tokens: int | None = None,
+                      answer_checker: str | None = None) -> tuple[list[float], dict[str, list[float]]]:
     """
-    1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>" by default, else 0.0:
-    each of the four tags exactly once and in that order, only whitespace before <think>, between </think> and
-    <answer>, and after </answer>; a non-empty answer. gold and truncated are ignored: layout is
-    judged on the text alone.
+    Weighted sum of rewards per completion: total_i = sum over names of weights[name] * reward_name(completion_i).
+    completions, golds, truncated (and questions, the problems' text; lengths, the completions' token counts):
+    equal-length sequences (N,); weights: {reward name: weight}, each name a built-in (REWARD_FUNCTIONS, called
+    directly) or a key of functions, the config's own rewards (reward_models.load_rewards) of either form:
+      per completion  function(completion, gold) -> float
+      batched         function(completions, golds, questions) -> N floats, marked by an attribute batched = True
+    Such a function may also read, by naming them as parameters (or all of them, with **kwargs), REWARD_INFO:
+    question, truncated (cut at max_new_tokens), length (tokens, stop token included), max_new_tokens, template
+    and answer_checker (None is "gsm8k"; a **kwargs function gets it only when it is given); batched ones
+    BATCHED_REWARD_INFO, with lists. E.g. def short(completion, gold, length, max_new_tokens): return 1 - length /
+    max_new_tokens. One that raises, returns a value that is not a finite number or the wrong number of values stops
+    here with a RuntimeError naming the reward and the completion.
+    Returns (totals: list of N floats, components: {name: list of N unweighted rewards}).
     """
-    (think_open, think_close), (answer_open, answer_close) = template.think, template.answer
-    if any(completion.count(tag) != 1 for tag in (think_open, think_close, answer_open, answer_close)):
-        return 0.0
-    before, _, rest = completion.partition(think_open)
-    _, think_closed, rest = rest.partition(think_close)  # each tag occurs once, so a miss means bad order
-    between, answer_opened, rest = rest.partition(answer_open)
-    answer, answer_closed, after = rest.partition(answer_close)
-    in_order = think_closed and answer_opened and answer_closed
-    only_whitespace_outside = not (before.strip() or between.strip() or after.strip())
-    return 1.0 if in_order and only_whitespace_outside and answer.strip() else 0.0
+    functions = functions or {}
+    sizes = [len(x) for x in (completions, golds, truncated, questions, lengths) if x is not None]
+    if len(set(sizes)) > 1:
+        raise ValueError(f"completions, golds, truncated (and questions, lengths) must have equal lengths, got {sizes}")
+    checker = answer_checker or "gsm8k"
+    own = [name for name in weights if name in functions]
+    if own:
+        info, available = _reward_info(own, functions, truncated, questions, lengths, max_new_tokens, template,
+                                       answer_checker)
+    components = {}
+    for name in weights:
+        rows = zip(completions, golds, truncated)
+        if name == "correctness":
+            components[name] = [correctness_reward(c, g, t, template, checker) for c, g, t in rows]
+        elif name == "format":
+            components[name] = [format_reward(c, g, t, template) for c, g, t in rows]
+        elif name in functions:
+            components[name] = _reward_values(name, functions[name], completions, golds, info, available)
+        else:
+            raise ValueError(f"unknown reward name {name!r}; known rewards are "
+                             f"{sorted({*REWARD_FUNCTIONS, *functions})}")
+    totals = [sum(weights[name] * components[name][i] for name in weights) for i in range(len(completions))]
+    for i, total in enumerate(totals):
+        if not math.isfinite(total):
+            raise RuntimeError(f"the weighted reward total is {total} for the completion {_shown(completions[i])}: "
+                               f"the rewards {({name: components[name][i] for name in weights})} with the weights "
+                               f"{weights} overflow; scale the rewards or the weights down")
+    return totals, components
 
 
-REWARD_FUNCTIONS = MappingProxyType({"correctness": correctness_reward, "format": format_reward})
 SHOWN_CHARS = 200  # of a completion quoted in an error message
 
 
 def _shown(completion):
     return repr(completion if len(completion) <= SHOWN_CHARS else completion[:SHOWN_CHARS] + "...")
-
-
 
 
 # what a reward function may read beyond the completion and the gold answer, each by naming it as a parameter
@@ -130,55 +145,6 @@ def _reward_values(name, function, completions, golds, info, available):
 
 
 
-def score_completions(completions: list[str], golds: list[str], truncated: list[bool], weights: dict[str, float],
-                      questions: list[str] | None = None, functions=None, template: Template = R1_ZERO,
-                      lengths: list[int] | None = None, max_new_tokens: int | None = None,
-                      answer_checker: str | None = None) -> tuple[list[float], dict[str, list[float]]]:
-    """
-    Weighted sum of rewards per completion: total_i = sum over names of weights[name] * reward_name(completion_i).
-    completions, golds, truncated (and questions, the problems' text; lengths, the completions' token counts):
-    equal-length sequences (N,); weights: {reward name: weight}, each name a built-in (REWARD_FUNCTIONS, called
-    directly) or a key of functions, the config's own rewards (reward_models.load_rewards) of either form:
-      per completion  function(completion, gold) -> float
-      batched         function(completions, golds, questions) -> N floats, marked by an attribute batched = True
-    Such a function may also read, by naming them as parameters (or all of them, with **kwargs), REWARD_INFO:
-    question, truncated (cut at max_new_tokens), length (tokens, stop token included), max_new_tokens, template
-    and answer_checker (None is "gsm8k"; a **kwargs function gets it only when it is given); batched ones
-    BATCHED_REWARD_INFO, with lists. E.g. def short(completion, gold, length, max_new_tokens): return 1 - length /
-    max_new_tokens. One that raises, returns a value that is not a finite number or the wrong number of values stops
-    here with a RuntimeError naming the reward and the completion.
-    Returns (totals: list of N floats, components: {name: list of N unweighted rewards}).
-    """
-    functions = functions or {}
-    sizes = [len(x) for x in (completions, golds, truncated, questions, lengths) if x is not None]
-    if len(set(sizes)) > 1:
-        raise ValueError(f"completions, golds, truncated (and questions, lengths) must have equal lengths, got {sizes}")
-    checker = answer_checker or "gsm8k"
-    own = [name for name in weights if name in functions]
-    if own:
-        info, available = _reward_info(own, functions, truncated, questions, lengths, max_new_tokens, template,
-                                       answer_checker)
-    components = {}
-    for name in weights:
-        rows = zip(completions, golds, truncated)
-        if name == "correctness":
-            components[name] = [correctness_reward(c, g, t, template, checker) for c, g, t in rows]
-        elif name == "format":
-            components[name] = [format_reward(c, g, t, template) for c, g, t in rows]
-        elif name in functions:
-            components[name] = _reward_values(name, functions[name], completions, golds, info, available)
-        else:
-            raise ValueError(f"unknown reward name {name!r}; known rewards are "
-                             f"{sorted({*REWARD_FUNCTIONS, *functions})}")
-    totals = [sum(weights[name] * components[name][i] for name in weights) for i in range(len(completions))]
-    for i, total in enumerate(totals):
-        if not math.isfinite(total):
-            raise RuntimeError(f"the weighted reward total is {total} for the completion {_shown(completions[i])}: "
-                               f"the rewards {({name: components[name][i] for name in weights})} with the weights "
-                               f"{weights} overflow; scale the rewards or the weights down")
-    return totals, components
-
-
 def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens, template, answer_checker):
     """What the config's own rewards may read (REWARD_INFO, lists for the batch), and the names of what the caller
     gave; a ValueError when one of them reads something not given."""
@@ -198,6 +164,44 @@ def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens
                  *(["max_new_tokens"] if max_new_tokens is not None else []),
                  *(["answer_checker"] if answer_checker is not None else [])}
     return {**info, **{key: [None] * n for key in ("questions", "lengths") if info[key] is None}}, available
+
+
+# -----------------------------------------------------------------------------
+# the rule rewards: one signature (completion, gold, truncated=False, template=R1_ZERO) -> float
+
+
+def correctness_reward(completion: str, gold: str, truncated: bool = False, template: Template = R1_ZERO,
+                       answer_checker: str = "gsm8k") -> float:
+    """1.0 if the completion's final answer (extract_answer, in template's tags) equals gold (a final-answer string
+    like "1,600"), else 0.0. A truncated completion never finished its answer, so it earns nothing.
+    answer_checker (ANSWER_CHECKERS): "gsm8k" (the default: every form of extract_answer, rewards.is_equiv) or
+    "math" (MATH_FORMS, math_answers.is_equiv_math)."""
+    if truncated:
+        return 0.0
+    forms, equiv = answer_checker_of(answer_checker)
+    return 1.0 if equiv(extract_answer(completion, forms, template), gold) else 0.0
+
+
+def format_reward(completion: str, gold: str, truncated: bool = False, template: Template = R1_ZERO) -> float:
+    """
+    1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>" by default, else 0.0:
+    each of the four tags exactly once and in that order, only whitespace before <think>, between </think> and
+    <answer>, and after </answer>; a non-empty answer. gold and truncated are ignored: layout is
+    judged on the text alone.
+    """
+    (think_open, think_close), (answer_open, answer_close) = template.think, template.answer
+    if any(completion.count(tag) != 1 for tag in (think_open, think_close, answer_open, answer_close)):
+        return 0.0
+    before, _, rest = completion.partition(think_open)
+    _, think_closed, rest = rest.partition(think_close)  # each tag occurs once, so a miss means bad order
+    between, answer_opened, rest = rest.partition(answer_open)
+    answer, answer_closed, after = rest.partition(answer_close)
+    in_order = think_closed and answer_opened and answer_closed
+    only_whitespace_outside = not (before.strip() or between.strip() or after.strip())
+    return 1.0 if in_order and only_whitespace_outside and answer.strip() else 0.0
+
+
+REWARD_FUNCTIONS = MappingProxyType({"correctness": correctness_reward, "format": format_reward})
 
 
 # -----------------------------------------------------------------------------

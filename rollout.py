@@ -136,6 +136,60 @@ class Scoring:
     process: bool = False  # also the claims' rewards of process supervision
 
 
+# -----------------------------------------------------------------------------
+# a training step's rollout
+
+
+def sample_groups(run, cfg, step: int) -> Samples:
+    """A training step's rollout: draw prompts_per_step questions from run.stream and sample group_size scored
+    completions of each (a group is group_size consecutive rows) with run.sampler, seeded by rollout_seed(seed, step *
+    world_size + rank); under torchrun every rank draws the same questions and keeps its slice of whole groups. With
+    dynamic_sampling, dynamic_groups draws instead."""
+    if cfg.dynamic_sampling:
+        return dynamic_groups(run, cfg, step)
+    share = cfg.prompts_per_step // world_size()
+    picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
+    return scored_groups(run, cfg, picked, rollout_seed(cfg.seed, step * world_size() + rank()))
+
+
+def dynamic_groups(run, cfg, step: int) -> Samples:
+    """sample_groups with DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more questions
+    drawn, up to max_num_gen_batches draws, until prompts_per_step groups are kept; at the cap the batch is filled up
+    with dropped groups, as plain GRPO would train on them. Draw d samples with rollout_seed(seed, step * world_size +
+    rank, d); each rank fills its own share, and the ranks draw until all are full."""
+    share, G = cfg.prompts_per_step // world_size(), cfg.group_size
+    kept, dropped, drawn = [], [], []
+    for draw in range(cfg.max_num_gen_batches):
+        picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
+        if len(kept) < share:  # a full rank draws the questions the others draw, and samples none
+            samples = scored_groups(run, cfg, picked, rollout_seed(cfg.seed, step * world_size() + rank(), draw))
+            informative = informative_groups(samples.rewards, G)
+            for g in range(share):
+                (kept if informative[g] else dropped).append(samples.select(range(g * G, (g + 1) * G)))
+            drawn.append(samples)
+        if all(from_every_rank(len(kept) >= share)):  # a collective: the ranks draw together
+            break
+    filled = dropped[:max(0, share - len(kept))]
+    samples = Samples.concat(kept[:share] + filled)
+    samples.stats = dynamic_sampling_stats(Samples.concat(drawn), G, draw + 1, len(filled))
+    return samples
+
+
+def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
+    """group_size completions of each picked question, sampled with seed, scored and shaped."""
+    rows = [i for i in picked for _ in range(cfg.group_size)]
+    prompts = [run.prompts[i] for i in rows]
+    golds = [run.problems[i]["gold"] for i in rows]
+    questions = [run.problems[i]["question"] for i in rows]
+    with run.sampler.lora_merged():
+        samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, seed, run.sampling, run.scoring,
+                                   questions)
+    samples.problems = rows
+    for shape in SHAPING:
+        shape(samples, cfg, seed)
+    return samples
+
+
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], seed: int | list[int],
                      sampling: Sampling, scoring: Scoring, questions: list[str] | None = None) -> Samples:
     """Sample one completion per prompt, ending at a stop (sampling.stops), decode it and score it against its gold
@@ -166,53 +220,6 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
                   for text, ids, stop in zip(texts, completions, stopped)]
     return Samples(prompts, completions, texts, stopped, logprobs, rewards, components, sampled - start,
                    time.perf_counter() - sampled, claims, fast_paths=rollout.fast_paths)
-
-# -----------------------------------------------------------------------------
-# a training step's rollout
-
-
-def sample_groups(run, cfg, step: int) -> Samples:
-    """A training step's rollout: draw prompts_per_step questions from run.stream, sample group_size scored
-    completions of each (a group is group_size consecutive rows) with run.sampler at cfg.temperature, and shape
-    their rewards (SHAPING). With dynamic_sampling (DAPO), groups whose rewards are all equal are dropped and more
-    questions drawn, up to max_num_gen_batches draws, until prompts_per_step groups are kept; at the cap the batch is
-    filled up with dropped groups, as plain GRPO would train on them. Draw d of step s samples with
-    rollout_seed(seed, s * world_size + rank, d). Under torchrun every rank draws the same questions and keeps its
-    slice of whole groups, with its own seed; with dynamic sampling each rank fills its own share, and the ranks
-    draw until all are full."""
-    share, G = cfg.prompts_per_step // world_size(), cfg.group_size
-    kept, dropped, drawn = [], [], []
-    for draw in range(cfg.max_num_gen_batches if cfg.dynamic_sampling else 1):
-        picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
-        if len(kept) < share:  # a full rank draws the questions the others draw, and samples none
-            samples = scored_groups(run, cfg, picked, rollout_seed(cfg.seed, step * world_size() + rank(), draw))
-            if not cfg.dynamic_sampling:
-                return samples
-            informative = informative_groups(samples.rewards, G)
-            for g in range(share):
-                (kept if informative[g] else dropped).append(samples.select(range(g * G, (g + 1) * G)))
-            drawn.append(samples)
-        if all(from_every_rank(len(kept) >= share)):  # a collective: the ranks draw together
-            break
-    filled = dropped[:max(0, share - len(kept))]
-    samples = Samples.concat(kept[:share] + filled)
-    samples.stats = dynamic_sampling_stats(Samples.concat(drawn), G, draw + 1, len(filled))
-    return samples
-
-
-def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
-    """group_size completions of each picked question, sampled with seed, scored and shaped."""
-    rows = [i for i in picked for _ in range(cfg.group_size)]
-    prompts = [run.prompts[i] for i in rows]
-    golds = [run.problems[i]["gold"] for i in rows]
-    questions = [run.problems[i]["question"] for i in rows]
-    with run.sampler.lora_merged():
-        samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, seed, run.sampling, run.scoring,
-                                   questions)
-    samples.problems = rows
-    for shape in SHAPING:
-        shape(samples, cfg, seed)
-    return samples
 
 # -----------------------------------------------------------------------------
 # the post-sampling stage: reward shaping (SHAPING, in order, on every draw of a training step; each does nothing

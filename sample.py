@@ -66,101 +66,131 @@ class Rollout:
         return ~self.stopped
 
 
-def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor | None:
-    """scaled [B, V] -> keep [B, V] bool: the top_k largest (ties kept), then the smallest set holding top_p of
-    the remaining mass; None when nothing is truncated."""
-    keep = None
-    if top_k > 0:
-        keep = scaled >= scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
-    if top_p < 1:
-        masked = scaled if keep is None else scaled.masked_fill(~keep, float("-inf"))
-        ranked, order = masked.sort(dim=-1, descending=True)
-        probs = ranked.softmax(-1)
-        inside = probs.cumsum(-1) - probs < top_p  # the tokens ranked above hold less than top_p of the mass
-        inside = torch.empty_like(inside).scatter_(-1, order, inside)
-        keep = inside if keep is None else keep & inside
-    return keep
+@torch.inference_mode()
+def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(),
+             seed=None, pad_id=0, cuda_graphs=True, fused_sampling=True) -> Rollout:
+    """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens sampled tokens.
 
-
-def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
-    """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before truncation).
-    generator: one torch.Generator, or a list of B (row b's noise from generator[b]: per-row seeds).
-
-    temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T - log E) with
-    E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in a CUDA graph. fused: on
-    CUDA, the fused Triton kernel where it applies (falling back to the torch ops below if it fails).
+    A row ends right after it generates the last id of a stop sequence (a list of ids, such as the tokens of
+    "</answer>"; each of stop_ids is a sequence of one), the sequence kept in its output. Only a sequence
+    generated whole counts: one lying wholly or partly in the prompt does not stop the row. temperature 0 is
+    greedy; top_p / top_k truncate the sampling distribution (off-policy, see the module docstring). Same seed,
+    same device -> same output; seed None draws a fresh one. seed may also be a list, one per prompt: each row
+    then draws from its own generator, so its samples do not depend on the other rows of the batch (this runs the
+    eager loop). cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does); fused_sampling=False
+    samples with torch ops instead of the fused Triton kernel. Either fast path falls back to the eager one by itself
+    when it fails (module docstring).
     """
-    one_generator = isinstance(generator, torch.Generator)
-    if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
-        try:
-            return _fused_gumbel_sample(logits, temperature, generator)
-        except Exception as error:  # Triton builds its launcher with a C compiler on first use; a launch can fail
-            fall_back(FUSED, "to compile or launch", error)
-    logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
-    if temperature == 0:
-        ids = logprobs.argmax(-1)
+    _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
+    device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
+    batch, prompt_len = len(prompts), max(len(p) for p in prompts)
+    max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8 keeps attention kernels aligned
+    _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != batch:
+            raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one per prompt")
+        generator, cuda_graphs = [torch.Generator(device).manual_seed(s) for s in seed], False
     else:
-        noise = torch.empty_like(logprobs).exponential_(generator=generator) if one_generator else \
-            torch.stack([torch.empty_like(logprobs[0]).exponential_(generator=g) for g in generator])
-        scores = logprobs - noise.log_()
-        keep = truncation_mask(logprobs, top_p, top_k)
-        if keep is not None:
-            scores.masked_fill_(~keep, float("-inf"))  # after the noise: no inf - inf even if E were 0
-        ids = scores.argmax(-1)
-    return ids, logprobs.gather(-1, ids[:, None])[:, 0]
+        generator = torch.Generator(device)
+        generator.manual_seed(seed) if seed is not None else generator.seed()
+
+    ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
+    real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts], device=device)
+    key_mask = torch.cat([real, real.new_ones(batch, max_len - prompt_len)], dim=1)
+    cache = KVCache(model.config, batch, max_len, device, dtype)
+    positions, chunk, first = (real.cumsum(-1) - 1).clamp(min=0), max(1, PREFILL_TOKENS // prompt_len), []
+    for start in range(0, batch, chunk):  # the prefill, PREFILL_TOKENS at most per forward: each writes its rows' cache
+        rows = slice(start, start + chunk)
+        hidden = model(ids[rows], positions=positions[rows], attention_mask=key_mask[rows, :prompt_len],
+                       cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
+        first.append(model.lm_head(hidden[:, -1]))
+        del hidden  # the prefill's hidden states [rows, P, dim] are not kept through the decode loop
+    first = first[0] if len(first) == 1 else torch.cat(first)
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(batch, max_new_tokens, device=device)
+    stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
+    decoder = _Decoder(model, cache, key_mask, real.sum(-1), tokens, logprobs,
+                       (temperature, top_p, top_k, fused_sampling), stop, pad_id, generator, prompt_len)
+    decoder.record(first)
+
+    use_graphs = cuda_graphs and device.type in FAST_PATH_DEVICES
+    replay, shape = None, None
+    for generated in range(1, max_new_tokens):
+        if generated % CHECK_EVERY == 0:
+            alive = int((~decoder.done).sum())  # the only host sync of the loop
+            if alive == 0:
+                break
+            if alive <= len(decoder.rows) // 2:
+                decoder.compact()
+        decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
+        if not use_graphs or GRAPHS in FALLEN_BACK:
+            decoder.step()
+        elif (len(decoder.rows), decoder.attend) != shape:  # a new batch size or bucket: capture a new graph
+            replay, shape = None, (len(decoder.rows), decoder.attend)
+            replay = _captured(decoder.step, generator, device)  # decodes this step, then captures it
+        else:
+            replay()
+
+    stopped = decoder.ends > 0
+    lengths = torch.where(stopped, decoder.ends, max_new_tokens)
+    n = int(lengths.max())
+    return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped, _fast_paths_used(
+        device, cuda_graphs, fused_sampling and isinstance(generator, torch.Generator), temperature, top_p, top_k))
 
 
-if triton is not None:
-    @triton.jit
-    def _gumbel_chunk_kernel(logits, seed, chunk_max, chunk_sumexp, chunk_score, chunk_id, vocab, inv_temperature,
-                             BLOCK: tl.constexpr):
-        """Program (row, chunk): over BLOCK logits, the max and sum of exp(x - max) of x = logit / T (for the
-        log-normaliser) and the best x + Gumbel noise with its id; noise from Philox keyed by a drawn seed."""
-        row, chunk = tl.program_id(0), tl.program_id(1)
-        cols = chunk * BLOCK + tl.arange(0, BLOCK)
-        # the address in int64: rows * vocab passes 2^31 at 14,134 rows of Qwen's 151,936 logits
-        x = tl.load(logits + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-        x = x * inv_temperature
-        top = tl.max(x, 0)
-        # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across far-apart rows
-        noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))  # uniform in [0, 1): finite noise
-        out = row * tl.num_programs(1) + chunk
-        tl.store(chunk_max + out, top)
-        tl.store(chunk_sumexp + out, tl.sum(tl.exp(x - top), 0))
-        tl.store(chunk_score + out, tl.max(noisy, 0))
-        tl.store(chunk_id + out, chunk * BLOCK + tl.argmax(noisy, 0))
+def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
+    config = model.config
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate needs a non-empty list of non-empty prompts (lists of token ids)")
+    if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"need max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
+                         f"{max_new_tokens}, {temperature}, {top_p}, {top_k}")
+    config.check_context(prompts, max_new_tokens)
+    low, high = min(min(p) for p in prompts), max(max(p) for p in prompts)
+    if low < 0 or high >= config.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}); got ids from {low} to {high}")
 
 
-def _fused_possible(device, temperature, top_p, top_k) -> bool:
-    """Whether the fused kernel applies: Triton importable, a fast-path device, plain tempered sampling, and the
-    kernel not fallen back from in this process."""
-    return (triton is not None and device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
-            and top_k == 0 and FUSED not in FALLEN_BACK)
+def _check_memory(config, batch, prompt_len, max_len, dtype, device):
+    """On CUDA, a ValueError before any work unless the KV cache and the prefill (prefill_nbytes) fit the free
+    memory."""
+    if device.type != "cuda":
+        return
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    cache = KVCache.nbytes(config, batch, max_len, dtype)
+    prefill = prefill_nbytes(config, batch, prompt_len, dtype)
+    if cache + prefill > free:
+        raise ValueError(f"the KV cache for {batch} rows x {max_len} slots ({cache / 2**30:.2f} GiB) and the prefill "
+                         f"of {prompt_len}-token prompts ({prefill / 2**30:.2f} GiB) need more than the "
+                         f"{free / 2**30:.2f} GiB of GPU memory free: lower the batch size, the prompts' length or "
+                         "max_new_tokens")
 
 
-def _fused_gumbel_sample(logits, temperature, generator, block=4096):
-    """sample_next's Gumbel-max for CUDA: one pass over the bf16 logits instead of ~8 over fp32 copies."""
-    logits = logits.contiguous()
-    rows, vocab = logits.shape
-    chunks = triton.cdiv(vocab, block)
-    top, sumexp, score = (torch.empty(rows, chunks, device=logits.device) for _ in range(3))
-    chunk_id = torch.empty(rows, chunks, dtype=torch.long, device=logits.device)
-    seed = torch.randint(2**31 - 1, (1,), device=logits.device, generator=generator)
-    _gumbel_chunk_kernel[(rows, chunks)](logits, seed, top, sumexp, score, chunk_id, vocab, 1.0 / temperature,
-                                         BLOCK=block, num_warps=8)
-    return _combine_chunks(logits, temperature, top, sumexp, score, chunk_id)
+def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
+    """The first `length` slots of `cache` (of these rows), sharing its memory: attention then reads only those."""
+    view = copy.copy(cache)
+    view.k, view.v, view.max_len = cache.k[:, rows, :, :length], cache.v[:, rows, :, :length], length
+    return view
 
 
-def _combine_chunks(logits, temperature, top, sumexp, score, chunk_id):
-    """The fused kernel's per-chunk results [rows, chunks] -> (ids [rows], log-probs [rows]): the best noisy score's
-    id and log_softmax(logits / T) there. A row with a NaN logit (a diverged model) yields a NaN log-prob, as the
-    torch path does; its id is clamped into the vocabulary, since an argmax over NaN can name a slot past its end and
-    the gather would then stop the whole process with a device-side assert that no fallback can catch."""
-    most = top.amax(-1, keepdim=True)
-    log_normaliser = most + (sumexp * (top - most).exp()).sum(-1, keepdim=True).log()
-    ids = chunk_id.gather(-1, score.argmax(-1, keepdim=True)).clamp_(0, logits.shape[-1] - 1)
-    chosen = logits.gather(-1, ids).float() * (1.0 / temperature)  # the very x the kernel saw
-    return ids[:, 0], (chosen - log_normaliser)[:, 0]
+def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
+    """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence right-aligned to
+    end in the last column, -1 padding the shorter ones on the left; no stops at all gives [0, 1]."""
+    for sequence in stop_sequences:
+        if isinstance(sequence, (int, str)):
+            raise ValueError(f"stop_sequences is a list of token-id lists such as [[522, 9217, 29]]; got an element "
+                             f"{sequence!r}")
+    sequences = [[int(i)] for i in stop_ids] + [[int(i) for i in sequence] for sequence in stop_sequences]
+    for sequence in sequences:
+        if not sequence:
+            raise ValueError("a stop sequence is empty: each needs at least one token id")
+        if min(sequence) < 0 or max(sequence) >= vocab_size:
+            raise ValueError(f"stop sequence {sequence} has an id outside the model's vocabulary [0, {vocab_size})")
+    width = max(map(len, sequences), default=1)
+    table = torch.full((len(sequences), width), -1, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        table[row, width - len(sequence):] = torch.tensor(sequence)
+    return table
 
 
 class _Decoder:
@@ -213,26 +243,6 @@ class _Decoder:
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
         if isinstance(self.generator, list):
             self.generator = [self.generator[i] for i in keep.tolist()]
-
-
-def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
-    """The first `length` slots of `cache` (of these rows), sharing its memory: attention then reads only those."""
-    view = copy.copy(cache)
-    view.k, view.v, view.max_len = cache.k[:, rows, :, :length], cache.v[:, rows, :, :length], length
-    return view
-
-
-def prefill_nbytes(config, batch_size: int, prompt_len: int, dtype: torch.dtype) -> int:
-    """The transient memory of generate's prefill of batch_size prompts of prompt_len tokens (a rollout's largest
-    forward), in bytes, at least: for the rows of one prefill forward (PREFILL_TOKENS), the larger of one layer's
-    attention (q, K and V repeated to every head as model.attention_kv does on CUDA, its output) and its MLP (two
-    activations of ffn_dim and their product), the residual stream and its normed copy; and every row's last-position
-    logits (in dtype, in fp32, the sampling noise)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    tokens = min(batch_size, max(1, PREFILL_TOKENS // prompt_len)) * prompt_len
-    attention = 4 * tokens * config.n_heads * config.head_dim * elem
-    mlp = 3 * tokens * config.ffn_dim * elem
-    return max(attention, mlp) + 2 * tokens * config.dim * elem + batch_size * config.vocab_size * (elem + 8)
 
 
 GRAPH_RESOURCES = {}  # device -> (side stream, pool id, keeper graph): one of each serves every capture of the process
@@ -313,124 +323,101 @@ def _capture(step, generator, pool):
     return graph.replay
 
 
-def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
-    config = model.config
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("generate needs a non-empty list of non-empty prompts (lists of token ids)")
-    if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError(f"need max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
-                         f"{max_new_tokens}, {temperature}, {top_p}, {top_k}")
-    config.check_context(prompts, max_new_tokens)
-    low, high = min(min(p) for p in prompts), max(max(p) for p in prompts)
-    if low < 0 or high >= config.vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}); got ids from {low} to {high}")
+def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
+    """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before truncation).
+    generator: one torch.Generator, or a list of B (row b's noise from generator[b]: per-row seeds).
 
-
-def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
-    """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence right-aligned to
-    end in the last column, -1 padding the shorter ones on the left; no stops at all gives [0, 1]."""
-    for sequence in stop_sequences:
-        if isinstance(sequence, (int, str)):
-            raise ValueError(f"stop_sequences is a list of token-id lists such as [[522, 9217, 29]]; got an element "
-                             f"{sequence!r}")
-    sequences = [[int(i)] for i in stop_ids] + [[int(i) for i in sequence] for sequence in stop_sequences]
-    for sequence in sequences:
-        if not sequence:
-            raise ValueError("a stop sequence is empty: each needs at least one token id")
-        if min(sequence) < 0 or max(sequence) >= vocab_size:
-            raise ValueError(f"stop sequence {sequence} has an id outside the model's vocabulary [0, {vocab_size})")
-    width = max(map(len, sequences), default=1)
-    table = torch.full((len(sequences), width), -1, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        table[row, width - len(sequence):] = torch.tensor(sequence)
-    return table
-
-
-def _check_memory(config, batch, prompt_len, max_len, dtype, device):
-    """On CUDA, a ValueError before any work unless the KV cache and the prefill (prefill_nbytes) fit the free
-    memory."""
-    if device.type != "cuda":
-        return
-    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    cache = KVCache.nbytes(config, batch, max_len, dtype)
-    prefill = prefill_nbytes(config, batch, prompt_len, dtype)
-    if cache + prefill > free:
-        raise ValueError(f"the KV cache for {batch} rows x {max_len} slots ({cache / 2**30:.2f} GiB) and the prefill "
-                         f"of {prompt_len}-token prompts ({prefill / 2**30:.2f} GiB) need more than the "
-                         f"{free / 2**30:.2f} GiB of GPU memory free: lower the batch size, the prompts' length or "
-                         "max_new_tokens")
-
-
-@torch.inference_mode()
-def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(),
-             seed=None, pad_id=0, cuda_graphs=True, fused_sampling=True) -> Rollout:
-    """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens sampled tokens.
-
-    A row ends right after it generates the last id of a stop sequence (a list of ids, such as the tokens of
-    "</answer>"; each of stop_ids is a sequence of one), the sequence kept in its output. Only a sequence
-    generated whole counts: one lying wholly or partly in the prompt does not stop the row. temperature 0 is
-    greedy; top_p / top_k truncate the sampling distribution (off-policy, see the module docstring). Same seed,
-    same device -> same output; seed None draws a fresh one. seed may also be a list, one per prompt: each row
-    then draws from its own generator, so its samples do not depend on the other rows of the batch (this runs the
-    eager loop). cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does); fused_sampling=False
-    samples with torch ops instead of the fused Triton kernel. Either fast path falls back to the eager one by itself
-    when it fails (module docstring).
+    temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T - log E) with
+    E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in a CUDA graph. fused: on
+    CUDA, the fused Triton kernel where it applies (falling back to the torch ops below if it fails).
     """
-    _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
-    device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
-    batch, prompt_len = len(prompts), max(len(p) for p in prompts)
-    max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8 keeps attention kernels aligned
-    _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
-    if isinstance(seed, (list, tuple)):
-        if len(seed) != batch:
-            raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one per prompt")
-        generator, cuda_graphs = [torch.Generator(device).manual_seed(s) for s in seed], False
+    one_generator = isinstance(generator, torch.Generator)
+    if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
+        try:
+            return _fused_gumbel_sample(logits, temperature, generator)
+        except Exception as error:  # Triton builds its launcher with a C compiler on first use; a launch can fail
+            fall_back(FUSED, "to compile or launch", error)
+    logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+    if temperature == 0:
+        ids = logprobs.argmax(-1)
     else:
-        generator = torch.Generator(device)
-        generator.manual_seed(seed) if seed is not None else generator.seed()
+        noise = torch.empty_like(logprobs).exponential_(generator=generator) if one_generator else \
+            torch.stack([torch.empty_like(logprobs[0]).exponential_(generator=g) for g in generator])
+        scores = logprobs - noise.log_()
+        keep = truncation_mask(logprobs, top_p, top_k)
+        if keep is not None:
+            scores.masked_fill_(~keep, float("-inf"))  # after the noise: no inf - inf even if E were 0
+        ids = scores.argmax(-1)
+    return ids, logprobs.gather(-1, ids[:, None])[:, 0]
 
-    ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
-    real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts], device=device)
-    key_mask = torch.cat([real, real.new_ones(batch, max_len - prompt_len)], dim=1)
-    cache = KVCache(model.config, batch, max_len, device, dtype)
-    positions, chunk, first = (real.cumsum(-1) - 1).clamp(min=0), max(1, PREFILL_TOKENS // prompt_len), []
-    for start in range(0, batch, chunk):  # the prefill, PREFILL_TOKENS at most per forward: each writes its rows' cache
-        rows = slice(start, start + chunk)
-        hidden = model(ids[rows], positions=positions[rows], attention_mask=key_mask[rows, :prompt_len],
-                       cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
-        first.append(model.lm_head(hidden[:, -1]))
-        del hidden  # the prefill's hidden states [rows, P, dim] are not kept through the decode loop
-    first = first[0] if len(first) == 1 else torch.cat(first)
-    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros(batch, max_new_tokens, device=device)
-    stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
-    decoder = _Decoder(model, cache, key_mask, real.sum(-1), tokens, logprobs,
-                       (temperature, top_p, top_k, fused_sampling), stop, pad_id, generator, prompt_len)
-    decoder.record(first)
 
-    use_graphs = cuda_graphs and device.type in FAST_PATH_DEVICES
-    replay, shape = None, None
-    for generated in range(1, max_new_tokens):
-        if generated % CHECK_EVERY == 0:
-            alive = int((~decoder.done).sum())  # the only host sync of the loop
-            if alive == 0:
-                break
-            if alive <= len(decoder.rows) // 2:
-                decoder.compact()
-        decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
-        if not use_graphs or GRAPHS in FALLEN_BACK:
-            decoder.step()
-        elif (len(decoder.rows), decoder.attend) != shape:  # a new batch size or bucket: capture a new graph
-            replay, shape = None, (len(decoder.rows), decoder.attend)
-            replay = _captured(decoder.step, generator, device)  # decodes this step, then captures it
-        else:
-            replay()
+def _fused_possible(device, temperature, top_p, top_k) -> bool:
+    """Whether the fused kernel applies: Triton importable, a fast-path device, plain tempered sampling, and the
+    kernel not fallen back from in this process."""
+    return (triton is not None and device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
+            and top_k == 0 and FUSED not in FALLEN_BACK)
 
-    stopped = decoder.ends > 0
-    lengths = torch.where(stopped, decoder.ends, max_new_tokens)
-    n = int(lengths.max())
-    return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped, _fast_paths_used(
-        device, cuda_graphs, fused_sampling and isinstance(generator, torch.Generator), temperature, top_p, top_k))
+
+def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor | None:
+    """scaled [B, V] -> keep [B, V] bool: the top_k largest (ties kept), then the smallest set holding top_p of
+    the remaining mass; None when nothing is truncated."""
+    keep = None
+    if top_k > 0:
+        keep = scaled >= scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+    if top_p < 1:
+        masked = scaled if keep is None else scaled.masked_fill(~keep, float("-inf"))
+        ranked, order = masked.sort(dim=-1, descending=True)
+        probs = ranked.softmax(-1)
+        inside = probs.cumsum(-1) - probs < top_p  # the tokens ranked above hold less than top_p of the mass
+        inside = torch.empty_like(inside).scatter_(-1, order, inside)
+        keep = inside if keep is None else keep & inside
+    return keep
+
+
+if triton is not None:
+    @triton.jit
+    def _gumbel_chunk_kernel(logits, seed, chunk_max, chunk_sumexp, chunk_score, chunk_id, vocab, inv_temperature,
+                             BLOCK: tl.constexpr):
+        """Program (row, chunk): over BLOCK logits, the max and sum of exp(x - max) of x = logit / T (for the
+        log-normaliser) and the best x + Gumbel noise with its id; noise from Philox keyed by a drawn seed."""
+        row, chunk = tl.program_id(0), tl.program_id(1)
+        cols = chunk * BLOCK + tl.arange(0, BLOCK)
+        # the address in int64: rows * vocab passes 2^31 at 14,134 rows of Qwen's 151,936 logits
+        x = tl.load(logits + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        x = x * inv_temperature
+        top = tl.max(x, 0)
+        # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across far-apart rows
+        noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))  # uniform in [0, 1): finite noise
+        out = row * tl.num_programs(1) + chunk
+        tl.store(chunk_max + out, top)
+        tl.store(chunk_sumexp + out, tl.sum(tl.exp(x - top), 0))
+        tl.store(chunk_score + out, tl.max(noisy, 0))
+        tl.store(chunk_id + out, chunk * BLOCK + tl.argmax(noisy, 0))
+
+
+def _fused_gumbel_sample(logits, temperature, generator, block=4096):
+    """sample_next's Gumbel-max for CUDA: one pass over the bf16 logits instead of ~8 over fp32 copies."""
+    logits = logits.contiguous()
+    rows, vocab = logits.shape
+    chunks = triton.cdiv(vocab, block)
+    top, sumexp, score = (torch.empty(rows, chunks, device=logits.device) for _ in range(3))
+    chunk_id = torch.empty(rows, chunks, dtype=torch.long, device=logits.device)
+    seed = torch.randint(2**31 - 1, (1,), device=logits.device, generator=generator)
+    _gumbel_chunk_kernel[(rows, chunks)](logits, seed, top, sumexp, score, chunk_id, vocab, 1.0 / temperature,
+                                         BLOCK=block, num_warps=8)
+    return _combine_chunks(logits, temperature, top, sumexp, score, chunk_id)
+
+
+def _combine_chunks(logits, temperature, top, sumexp, score, chunk_id):
+    """The fused kernel's per-chunk results [rows, chunks] -> (ids [rows], log-probs [rows]): the best noisy score's
+    id and log_softmax(logits / T) there. A row with a NaN logit (a diverged model) yields a NaN log-prob, as the
+    torch path does; its id is clamped into the vocabulary, since an argmax over NaN can name a slot past its end and
+    the gather would then stop the whole process with a device-side assert that no fallback can catch."""
+    most = top.amax(-1, keepdim=True)
+    log_normaliser = most + (sumexp * (top - most).exp()).sum(-1, keepdim=True).log()
+    ids = chunk_id.gather(-1, score.argmax(-1, keepdim=True)).clamp_(0, logits.shape[-1] - 1)
+    chosen = logits.gather(-1, ids).float() * (1.0 / temperature)  # the very x the kernel saw
+    return ids[:, 0], (chosen - log_normaliser)[:, 0]
 
 
 def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, top_k) -> dict:
@@ -444,3 +431,16 @@ def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, to
     if fused_sampling:
         used[SWITCHES[FUSED]] = _fused_possible(device, temperature, top_p, top_k)
     return used
+
+
+def prefill_nbytes(config, batch_size: int, prompt_len: int, dtype: torch.dtype) -> int:
+    """The transient memory of generate's prefill of batch_size prompts of prompt_len tokens (a rollout's largest
+    forward), in bytes, at least: for the rows of one prefill forward (PREFILL_TOKENS), the larger of one layer's
+    attention (q, K and V repeated to every head as model.attention_kv does on CUDA, its output) and its MLP (two
+    activations of ffn_dim and their product), the residual stream and its normed copy; and every row's last-position
+    logits (in dtype, in fp32, the sampling noise)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    tokens = min(batch_size, max(1, PREFILL_TOKENS // prompt_len)) * prompt_len
+    attention = 4 * tokens * config.n_heads * config.head_dim * elem
+    mlp = 3 * tokens * config.ffn_dim * elem
+    return max(attention, mlp) + 2 * tokens * config.dim * elem + batch_size * config.vocab_size * (elem + 8)
