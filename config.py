@@ -3,11 +3,11 @@ The training config: one typed dataclass, every value checked when it loads, bef
 
     python train.py configs/demo.py --lr=1e-3 --beta=0     # a config file, then --key=value overrides
 
-A config file is plain Python assigning some of TrainConfig's fields (nanoGPT style); several files load in
-order, each overriding the last. On the command line a value is a Python literal, or plain text for a str key,
-and a bare --flag sets a bool key. An unknown key is refused, naming the closest known one. Each concept checks its
-own keys (grpo, rewards, data, model and template: a check_settings or check each); validate() runs them and the
-checks that span several concepts.
+A config file is plain Python assigning some of TrainConfig's fields (nanoGPT style); several files
+load in order, each overriding the last. On the command line a value is a Python literal, or plain
+text for a str key, and a bare --flag sets a bool key. An unknown key is refused, naming the closest
+known one. Each concept checks its own keys (grpo, rewards, data, model and template: a
+check_settings or check each); validate() runs them and the checks that span several concepts.
 """
 import ast
 import dataclasses
@@ -32,78 +32,106 @@ from template import template_dict, template_of
 @dataclass
 class TrainConfig:
     # model, tokenizer, prompt
-    model: str = "Qwen/Qwen2.5-0.5B"  # Hugging Face name or local dir, or "scratch": a new model of shape model_args
-    model_args: dict = field(default_factory=dict)  # ModelConfig fields for model="scratch" (vocab_size defaults to the tokenizer's)
-    gguf_file: str = ""  # a GGUF file inside `model` (a local dir or hub repo) to load the weights and tokenizer from
+    # a Hugging Face name or local dir, or "scratch": a new model of shape model_args
+    model: str = "Qwen/Qwen2.5-0.5B"
+    # ModelConfig fields for model="scratch" (vocab_size defaults to the tokenizer's)
+    model_args: dict = field(default_factory=dict)
+    # a GGUF file inside `model` (a local dir or hub repo) to load the weights and tokenizer from
+    gguf_file: str = ""
     tokenizer: str = ""  # "" = the model's own; "char" = data.CharTokenizer
-    # the prompt and the tags the completion writes: a template.TEMPLATES name ("r1_zero", "plain", "chat": the
-    # tokenizer's chat template) or a dict of template.Template's fields, e.g. {"think": ("<reasoning>",
-    # "</reasoning>"), "answer": ("<final>", "</final>")}; kept as the whole template, recorded in every checkpoint
+    # the prompt and the tags the completion writes: a template.TEMPLATES name ("r1_zero", "plain",
+    # "chat": the tokenizer's chat template) or a dict of template.Template's fields, e.g.
+    # {"think": ("<reasoning>", "</reasoning>"), "answer": ("<final>", "</final>")}; kept as the
+    # whole template, recorded in every checkpoint
     template: str | dict = "r1_zero"
-    # data: "gsm8k" or "jsonl" (your own GSM8K-format files: data_dir/{train_split,eval_split}.jsonl, rows
-    # {"question", "answer" ending in "#### N"}), "synthetic" (data.synthetic_problems: training and held-out
-    # questions of one family) or "synthetic_split" (data.synthetic_split: a warm-start family with worked
-    # solutions, an answer-only RL family, held-out questions whose chains occur in neither); "math": MATH-format
-    # rows {"problem", "solution", "answer", "subject", "level"}, training from data/math/train.jsonl (downloaded
-    # and sha256-checked on first use: `python data.py math`) at math_levels, held out from data/math500 (MATH-500)
+    # data: "gsm8k"; "jsonl", your own GSM8K-format files (data_dir/{train_split,eval_split}.jsonl,
+    # rows {"question", "answer" ending in "#### N"}); "synthetic" (data.synthetic_problems:
+    # training and held-out questions of one family); "synthetic_split" (data.synthetic_split: a
+    # warm-start family with worked solutions, an answer-only RL family, held-out questions whose
+    # chains occur in neither); "math": MATH-format rows {"problem", "solution", "answer",
+    # "subject", "level"}, training from data/math/train.jsonl (downloaded and sha256-checked on
+    # first use: `python data.py math`) at math_levels, held out from data/math500 (MATH-500)
     dataset: str = "gsm8k"
     data_dir: str = "data/gsm8k"  # dataset="math": "data/math" unless set
     train_split: str = "train"
     eval_split: str = "test"
-    eval_data_dir: str = ""  # the held-out file's directory ("" = data_dir; dataset="math": "data/math500")
-    math_levels: tuple = (3, 4, 5)  # dataset="math": the MATH levels (1-5) of the training problems (SimpleRL-Zoo's)
+    # the held-out file's directory ("" = data_dir; dataset="math": "data/math500")
+    eval_data_dir: str = ""
+    # dataset="math": the MATH levels (1-5) of the training problems (SimpleRL-Zoo's)
+    math_levels: tuple = (3, 4, 5)
     synthetic_warm_size: int = 5000  # "synthetic_split": warm-start problems (worked solutions)
-    synthetic_train_size: int = 5000  # training problems ("synthetic_split": the RL family, answer only)
+    # training problems ("synthetic_split": the RL family, answer only)
+    synthetic_train_size: int = 5000
     synthetic_eval_size: int = 200
-    synthetic_args: dict = field(default_factory=dict)  # keyword arguments of data.synthetic_problems / synthetic_split
-    # (checked only when dataset is "synthetic" or "synthetic_split")
-    data_seed: int | None = None  # "synthetic_split": the seed of its three sets (None: seed), so seeds can share one
-    # what a step does: "grpo", or a baseline with the same rows and completions per step: "rft" (sample as GRPO
-    # does, SFT on the correct samples), "sft_answers" (SFT on the training rows: with "synthetic_split" their answers
-    # alone, "</think> <answer>N</answer>"), "sft_more" (SFT on the warm-start rows: more warm start)
+    # keyword arguments of data.synthetic_problems / synthetic_split (checked only when dataset is
+    # "synthetic" or "synthetic_split")
+    synthetic_args: dict = field(default_factory=dict)
+    # "synthetic_split": the seed of its three sets (None: seed), so seeds can share one
+    data_seed: int | None = None
+    # what a step does: "grpo", or a baseline with the same rows and completions per step: "rft"
+    # (sample as GRPO does, SFT on the correct samples), "sft_answers" (SFT on the training rows:
+    # with "synthetic_split" their answers alone, "</think> <answer>N</answer>"), "sft_more" (SFT on
+    # the warm-start rows: more warm start)
     method: str = "grpo"
     # sampling
     group_size: int = 8  # G completions per question
     prompts_per_step: int = 32
     max_new_tokens: int = 512
-    temperature: float = 1.0  # > 0; log-probs for the ratio use the same temperature (no top-p/top-k: on-policy)
+    # > 0; log-probs for the ratio use the same temperature (no top-p/top-k: on-policy)
+    temperature: float = 1.0
     # rewards, then the post-sampling stage (rollout.SHAPING)
-    # {reward: weight}, the total is the weighted sum; a reward is "correctness", "format", "FILE.py:FUNCTION",
-    # "model:NAME[:LABEL]" (a reward model) or "judge:NAME" (an LLM judge): see reward_models.py
+    # {reward: weight}, the total is the weighted sum; a reward is "correctness", "format",
+    # "FILE.py:FUNCTION", "model:NAME[:LABEL]" (a reward model) or "judge:NAME" (an LLM judge): see
+    # reward_models.py
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0, "format": 0.1})
-    # how correctness reads and compares answers (answers.ANSWER_CHECKERS): "gsm8k" (numbers: answers.is_equiv) or
-    # "math" (LaTeX: math_answers.is_equiv_math, answers in the answer tag, \boxed{} or "the answer is");
-    # "auto" = "math" for dataset="math", else "gsm8k"
+    # how correctness reads and compares answers (answers.ANSWER_CHECKERS): "gsm8k" (numbers:
+    # answers.is_equiv) or "math" (LaTeX: math_answers.is_equiv_math, answers in the answer tag,
+    # \boxed{} or "the answer is"); "auto" = "math" for dataset="math", else "gsm8k"
     answer_checker: str = "auto"
-    random_reward: float = 0.0  # a control: correctness replaced by a coin landing 1 with this probability,
-    # independent of the answer (0 = off; rollout.random_reward); the logged accuracy stays the true one
-    overlong_buffer_len: int = 0  # DAPO's soft overlong punishment (rollout.overlong_penalty): 0 = off; else the
-    overlong_penalty_factor: float = 1.0  # last N of max_new_tokens cost up to this much reward, linearly
-    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal and draw more questions
-    max_num_gen_batches: int = 4  # dynamic sampling's cap: draws of prompts_per_step questions per step, the first
-    # included; a batch still short then is filled up with dropped groups (rollout.sample_groups)
+    # a control: correctness replaced by a coin landing 1 with this probability, independent of the
+    # answer (0 = off; rollout.random_reward); the logged accuracy stays the true one
+    random_reward: float = 0.0
+    # DAPO's soft overlong punishment (rollout.overlong_penalty): 0 = off; else the last N of
+    # max_new_tokens cost up to overlong_penalty_factor of reward, linearly
+    overlong_buffer_len: int = 0
+    overlong_penalty_factor: float = 1.0
+    # DAPO: drop groups whose rewards are all equal and draw more questions
+    dynamic_sampling: bool = False
+    # dynamic sampling's cap: draws of prompts_per_step questions per step, the first included; a
+    # batch still short then is filled up with dropped groups (rollout.dynamic_groups)
+    max_num_gen_batches: int = 4
     # the loss: grpo.grpo_loss takes each of these keys as a keyword, with the same default
-    clip_eps: float = 0.2  # the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (PPO's, DeepSeekMath's 0.2)
+    # the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (PPO's, DeepSeekMath's 0.2)
+    clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher (0.28)
     beta: float = 0.04  # KL weight; 0 = no reference model at all
-    kl_estimator: str = "k3"  # grpo.KL_ESTIMATORS: "k3" (DeepSeekMath's), "k3_is", "k2" or "k1_reward"
-    loss_agg: str = "seq_mean"  # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
-    # "token" (GRPO: a ratio per token) | "sequence" (GSPO, arXiv:2507.18071: one ratio per sequence, the geometric
-    # mean of its token ratios, clipped per sequence; GSPO clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4)
+    # grpo.KL_ESTIMATORS: "k3" (DeepSeekMath's), "k3_is", "k2" or "k1_reward"
+    kl_estimator: str = "k3"
+    # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
+    loss_agg: str = "seq_mean"
+    # "token" (GRPO: a ratio per token) | "sequence" (GSPO, arXiv:2507.18071: one ratio per
+    # sequence, the geometric mean of its token ratios, clipped per sequence; GSPO clips far
+    # tighter: clip_eps 3e-4, clip_eps_high 4e-4)
     importance_sampling_level: str = "token"
-    # truncated importance sampling (Yao et al. 2025): each token's clipped policy-gradient term weighed by
-    # min(pi_old / pi_sampler, tis_cap), detached, correcting for the sampler's own numerics (a bf16 copy, a
-    # KV-cache decode); None = off. As TRL's vllm_importance_sampling_mode="token_truncate" with this cap (TRL's
-    # default mode is "sequence_mask", with 3.0)
+    # truncated importance sampling (Yao et al. 2025): each token's clipped policy-gradient term
+    # weighed by min(pi_old / pi_sampler, tis_cap), detached, correcting for the sampler's own
+    # numerics (a bf16 copy, a KV-cache decode); None = off. It is TRL's
+    # vllm_importance_sampling_mode="token_truncate" with this cap (TRL's default mode is
+    # "sequence_mask", with 3.0)
     tis_cap: float | None = None
     # advantages (grpo.py)
-    supervision: str = "outcome"  # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
-    process_weight: float = 1.0  # "both": advantage = outcome advantage + process_weight * process advantage
+    # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
+    supervision: str = "outcome"
+    # "both": advantage = outcome advantage + process_weight * process advantage
+    process_weight: float = 1.0
     adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)
     adv_scale: str = "std"  # "std" (GRPO) | "none" (Dr. GRPO)
-    mu: int = 1  # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
-    ref_reset_every: int = 0  # iterative GRPO: copy the policy into the reference every N steps (0 = never)
-    # LoRA (model.py): only low-rank adapters train; the reference is the same network with its adapters off
+    # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
+    mu: int = 1
+    # iterative GRPO: copy the policy into the reference every N steps (0 = never)
+    ref_reset_every: int = 0
+    # LoRA (model.py): only low-rank adapters train; the reference is the same network with its
+    # adapters off
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: float = 16.0  # the update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.0
@@ -115,51 +143,70 @@ class TrainConfig:
     weight_decay: float = 0.0
     adam_betas: tuple = (0.9, 0.99)
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
-    micro_batch_size: int = 16  # completions per forward/backward; the loss normalisers are whole-batch
-    logprob_chunk: int = 2048  # completion tokens per lm_head + log_softmax chunk (bounds the logits memory)
+    # completions per forward/backward; the loss normalisers are whole-batch
+    micro_batch_size: int = 16
+    # completion tokens per lm_head + log_softmax chunk (bounds the logits memory)
+    logprob_chunk: int = 2048
     grad_checkpointing: bool = False
-    # supervised warm start (the SFT stage of the R1 pipeline): worked solutions as "...</think> <answer>N</answer>"
+    # supervised warm start (the SFT stage of the R1 pipeline): worked solutions as
+    # "...</think> <answer>N</answer>"
     sft_steps: int = 0
     sft_batch_size: int = 32
     sft_lr: float = 1e-4
-    init_from: str = ""  # a train.py checkpoint (e.g. out/x/sft.pt) to start from instead of running the warm start
-    sft_checkpoint_every: int = 500  # save the warm start's progress to ckpt.pt every N steps (and when stopped)
+    # a train.py checkpoint (e.g. out/x/sft.pt) to start from instead of running the warm start
+    init_from: str = ""
+    # save the warm start's progress to ckpt.pt every N steps (and when stopped)
+    sft_checkpoint_every: int = 500
     # evaluation, logging, checkpoints
-    eval_every: int = 25  # held-out pass@1 (greedy) before step 1, every N steps and at the end; 0 = never
+    # held-out pass@1 (greedy) before step 1, every N steps and at the end; 0 = never
+    eval_every: int = 25
     eval_size: int = 500  # held-out questions used (the first N)
     eval_batch_size: int = 64
     sample_every: int = 10  # print and save a few completions every N steps; 0 = never
-    progress_keys: tuple = ("reward", "accuracy", "response_length", "kl", "loss")  # log keys on the progress bar
-    reflection_markers: tuple = REFLECTION_MARKERS  # re-check phrases: reflect_rate (rewards.reflects) in the logs
+    # log keys on the progress bar
+    progress_keys: tuple = ("reward", "accuracy", "response_length", "kl", "loss")
+    # re-check phrases: reflect_rate (rewards.reflects) in the logs
+    reflection_markers: tuple = REFLECTION_MARKERS
     checkpoint_every: int = 50  # and at the end; 0 = only at the end
-    save_checkpoints: bool = True  # False: no ckpt.pt, sft.pt or hf/ export at all (a throwaway run, e.g. the
-    # gsm8k_shapes part of tools/bench.py --gpu_check): a stop or a crash then keeps nothing to resume from
+    # False: no ckpt.pt, sft.pt or hf/ export at all (a throwaway run, e.g. the gsm8k_shapes part of
+    # tools/bench.py --gpu_check): a stop or a crash then keeps nothing to resume from
+    save_checkpoints: bool = True
     out_dir: str = "out/gsm8k"
-    wandb_project: str = ""  # log every record to Weights & Biases under this project ("" = off; pip install wandb)
+    # log every record to Weights & Biases under this project ("" = off; pip install wandb)
+    wandb_project: str = ""
     tensorboard: bool = False  # and/or to TensorBoard, out_dir/tb (pip install tensorboard)
-    resume: bool = False  # continue out_dir/ckpt.pt; its config wins, only RESUMABLE keys may differ
+    # continue out_dir/ckpt.pt; its config wins, only RESUMABLE keys may differ
+    resume: bool = False
     overwrite: bool = False  # start again in an out_dir that holds a run, deleting that run's files
     # system
     seed: int = 1337
     device: str = "auto"  # "auto" (cuda if available) | "cuda" | "cpu"
-    dtype: str = "auto"  # compute dtype of forward passes: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" | "float32"
-    sharding: str = "ddp"  # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
-    threads: int = 0  # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
-    cuda_graphs: bool = True  # the sampler replays each decode step as a CUDA graph; False: the plain eager loop
-    # (the same tokens, slower). Tried on CUDA only; a capture that fails falls back to the eager loop by itself
-    fused_sampling: bool = True  # on CUDA, the sampler's fused Triton kernel draws the tokens; False: torch ops (other
-    # draws, the same distribution). A kernel that fails to build or launch falls back to the torch ops by itself
+    # the forward passes' compute dtype: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" |
+    # "float32"
+    dtype: str = "auto"
+    # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
+    sharding: str = "ddp"
+    # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
+    threads: int = 0
+    # the sampler replays each decode step as a CUDA graph; False: the plain eager loop (the same
+    # tokens, slower). Tried on CUDA only; a capture that fails falls back to the eager loop alone
+    cuda_graphs: bool = True
+    # on CUDA, the sampler's fused Triton kernel draws the tokens; False: torch ops (other draws,
+    # the same distribution). A kernel that fails to build or launch falls back to the torch ops
+    fused_sampling: bool = True
 
     @property
     def warm_starts(self) -> bool:
-        """This run begins with the supervised warm start (a new run; init_from starts from a checkpoint instead)."""
+        """This run begins with the supervised warm start (a new run; init_from starts from a
+        checkpoint instead)."""
         return self.sft_steps > 0 and not self.init_from
 
     def __post_init__(self):
         hints = typing.get_type_hints(TrainConfig)
         for f in dataclasses.fields(self):
             setattr(self, f.name, checked_type(f.name, getattr(self, f.name), hints[f.name]))
-        try:  # the whole template, so that a checkpoint records it (a name alone could change meaning)
+        # the whole template, so that a checkpoint records it (a name alone could change meaning)
+        try:
             self.template = template_dict(self.template)
         except (ValueError, TypeError) as error:
             raise ValueError(f"config: {error}") from None
@@ -170,15 +217,19 @@ class TrainConfig:
 METHODS = ("grpo", "rft", "sft_answers", "sft_more")
 SUPERVISIONS = ("outcome", "process", "both")
 GSM8K_DIR = TrainConfig.data_dir  # data_dir's default, GSM8K's
-MATH_DIRS = ("data/math", "data/math500")  # dataset="math": training (downloaded on first use), held out (shipped)
-# keys a resumed run may change: they do not change what is computed, only how often or in what pieces
-# (out_dir too: a run resumes wherever it now lies)
-RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every", "sft_checkpoint_every",
-             "micro_batch_size", "logprob_chunk", "grad_checkpointing", "device", "dtype", "sharding", "resume",
+# dataset="math": training (downloaded on first use), held out (shipped)
+MATH_DIRS = ("data/math", "data/math500")
+# keys a resumed run may change: they do not change what is computed, only how often or in what
+# pieces (out_dir too: a run resumes wherever it now lies)
+RESUMABLE = ("max_steps", "eval_every", "eval_batch_size", "sample_every", "checkpoint_every",
+             "sft_checkpoint_every",
+             "micro_batch_size", "logprob_chunk", "grad_checkpointing", "device", "dtype",
+             "sharding", "resume",
              "overwrite", "out_dir", "wandb_project", "tensorboard", "cuda_graphs", "progress_keys",
              "reflection_markers")
 def checked_type(key: str, value, hint):
-    """value if it has the field's type (an int is a float, a list a tuple), else a ValueError naming the key."""
+    """value if it has the field's type (an int is a float, a list a tuple), else a ValueError
+    naming the key."""
     kinds = typing.get_args(hint) or (hint,)
     if float in kinds and type(value) is int:
         return float(value)
@@ -191,9 +242,9 @@ def checked_type(key: str, value, hint):
 
 
 def dataset_defaults(cfg: TrainConfig):
-    """Keys whose default follows the dataset, resolved in place (config.json and checkpoints record the result):
-    answer_checker "auto" is "math" for dataset="math", else "gsm8k"; dataset="math" reads MATH_DIRS unless the
-    config names other directories."""
+    """Keys whose default follows the dataset, resolved in place (config.json and checkpoints record
+    the result): answer_checker "auto" is "math" for dataset="math", else "gsm8k"; dataset="math"
+    reads MATH_DIRS unless the config names other directories."""
     if cfg.answer_checker == "auto":
         cfg.answer_checker = "math" if cfg.dataset == "math" else "gsm8k"
     if cfg.dataset == "math":
@@ -202,69 +253,88 @@ def dataset_defaults(cfg: TrainConfig):
 
 
 def validate(cfg: TrainConfig):
-    """Every setting checked before any work: a bad one stops the run here, not after the warm start. Each concept
-    checks its own keys (grpo.check_settings, rewards.check_settings, data.check_settings, model.check_settings,
-    template.Template.check); the checks here are ranges and what spans several concepts."""
+    """Every setting checked before any work: a bad one stops the run here, not after the warm
+    start. Each concept checks its own keys (grpo.check_settings, rewards.check_settings,
+    data.check_settings, model.check_settings, template.Template.check); the checks here are ranges
+    and what spans several concepts."""
     def need(ok: bool, message: str):
         if not ok:
             raise ValueError(f"config: {message}")
-    for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size", "logprob_chunk",
+    for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size",
+                "logprob_chunk",
                 "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size",
                 "max_num_gen_batches"):
         need(getattr(cfg, key) >= 1, f"{key} must be >= 1, got {getattr(cfg, key)}")
-    for key in ("max_steps", "warmup_steps", "sft_steps", "synthetic_warm_size", "eval_every", "eval_size",
-                "sample_every", "checkpoint_every", "sft_checkpoint_every", "ref_reset_every", "weight_decay",
-                "grad_clip", "threads", "overlong_buffer_len"):
+    for key in ("max_steps", "warmup_steps", "sft_steps", "synthetic_warm_size", "eval_every",
+                "eval_size",
+                "sample_every", "checkpoint_every", "sft_checkpoint_every", "ref_reset_every",
+                "weight_decay", "grad_clip", "threads", "overlong_buffer_len"):
         need(getattr(cfg, key) >= 0, f"{key} must be >= 0, got {getattr(cfg, key)}")
-    need(cfg.temperature > 0, f"temperature must be > 0, got {cfg.temperature}: GRPO needs the log-probs of a "
+    need(cfg.temperature > 0,
+         f"temperature must be > 0, got {cfg.temperature}: GRPO needs the log-probs of a "
                               "sampling distribution (temperature 0 is greedy decoding)")
     need(cfg.lr > 0 and cfg.sft_lr > 0, f"lr and sft_lr must be > 0, got {cfg.lr} and {cfg.sft_lr}")
     need(len(cfg.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.adam_betas),
          f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
-    need(cfg.eval_size >= 1 or cfg.eval_every == 0, "eval_size=0 with eval_every > 0: nothing to evaluate")
+    need(cfg.eval_size >= 1 or cfg.eval_every == 0,
+         "eval_size=0 with eval_every > 0: nothing to evaluate")
     need(cfg.method in METHODS, f"method must be one of {METHODS}, got {cfg.method!r}")
-    need(cfg.supervision in SUPERVISIONS, f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
-    need(0 <= cfg.process_weight < math.inf, f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
+    need(cfg.supervision in SUPERVISIONS,
+         f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
+    need(0 <= cfg.process_weight < math.inf,
+         f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
-    need(cfg.save_checkpoints or not cfg.resume, "resume goes on from out_dir/ckpt.pt, and save_checkpoints=False "
+    need(cfg.save_checkpoints or not cfg.resume,
+         "resume goes on from out_dir/ckpt.pt, and save_checkpoints=False "
                                                  "writes none")
-    need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0, "ref_reset_every with LoRA is not supported: the reference "
+    need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0,
+         "ref_reset_every with LoRA is not supported: the reference "
                                                          "is the base model with the adapters off")
     need(cfg.sharding in ("ddp", "fsdp"), f"sharding must be 'ddp' or 'fsdp', got {cfg.sharding!r}")
     need(cfg.prompts_per_step % world_size() == 0,
-         f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} ranks (each rank "
-         f"samples whole groups): make prompts_per_step a multiple of {world_size()}, or run a number of processes "
-         f"that divides {cfg.prompts_per_step}")
+         f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} "
+         "ranks (each rank samples whole groups): make prompts_per_step a multiple of "
+         f"{world_size()}, or run a number of processes that divides {cfg.prompts_per_step}")
     need(cfg.method == "grpo" or world_size() == 1,
-         f"method={cfg.method!r} runs in one process only (its steps do not split over ranks); run it without "
-         f"torchrun (WORLD_SIZE={world_size()})")
+         f"method={cfg.method!r} runs in one process only (its steps do not split over ranks); run "
+         f"it without torchrun (WORLD_SIZE={world_size()})")
     need(cfg.out_dir.strip() != "", "out_dir is empty: name the run's directory, e.g. out/NAME")
     need(not cfg.init_from or cfg.resume or os.path.isfile(cfg.init_from),
-         f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. out/demo_warm/sft.pt)")
+         f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. "
+         "out/demo_warm/sft.pt)")
     for wanted, package in ((cfg.wandb_project, "wandb"), (cfg.tensorboard, "tensorboard")):
         need(not wanted or installed(package),
-             f"{'wandb_project' if package == 'wandb' else 'tensorboard'} asks for {package}, which is not installed: "
-             f"pip install {package}" + (" (WANDB_MODE=offline logs without a network)" if package == "wandb" else ""))
-    need(0 <= cfg.random_reward <= 1, f"random_reward must be a probability in [0, 1], got {cfg.random_reward}")
+             f"{'wandb_project' if package == 'wandb' else 'tensorboard'} asks for {package}, "
+             "which is not installed: pip install "
+             f"{package}" + (" (WANDB_MODE=offline logs without a network)" if package == "wandb" else ""))
+    need(0 <= cfg.random_reward <= 1,
+         f"random_reward must be a probability in [0, 1], got {cfg.random_reward}")
     need(not cfg.random_reward or (cfg.method == "grpo" and cfg.reward_weights.get("correctness", 0) > 0),
-         f"random_reward replaces the correctness reward of GRPO's samples, so it needs method='grpo' and a "
-         f"correctness weight in reward_weights; got method={cfg.method!r}, reward_weights={cfg.reward_weights}")
-    need(cfg.overlong_buffer_len < cfg.max_new_tokens, f"overlong_buffer_len={cfg.overlong_buffer_len} must be below "
-                                                       f"max_new_tokens={cfg.max_new_tokens}: the penalty starts that "
+         "random_reward replaces the correctness reward of GRPO's samples, so it needs "
+         f"method='grpo' and a correctness weight in reward_weights; got method={cfg.method!r}, "
+         f"reward_weights={cfg.reward_weights}")
+    need(cfg.overlong_buffer_len < cfg.max_new_tokens,
+         f"overlong_buffer_len={cfg.overlong_buffer_len} must be below "
+                                                       f"max_new_tokens={cfg.max_new_tokens}: the "
+                                                       "penalty starts that "
                                                        "many tokens before the limit")
-    need(0 <= cfg.overlong_penalty_factor < math.inf, f"overlong_penalty_factor must be a finite number >= 0, got "
+    need(0 <= cfg.overlong_penalty_factor < math.inf,
+         f"overlong_penalty_factor must be a finite number >= 0, got "
                                                       f"{cfg.overlong_penalty_factor}")
     need(not cfg.dynamic_sampling or (cfg.method == "grpo" and cfg.supervision == "outcome"),
-         f"dynamic_sampling drops groups whose outcome rewards are all equal, which carry no outcome advantage: it "
-         f"needs method='grpo' and supervision='outcome', got {cfg.method!r} and {cfg.supervision!r}")
-    need(all(isinstance(key, str) for key in cfg.progress_keys), f"progress_keys must be log keys (strings), got "
+         "dynamic_sampling drops groups whose outcome rewards are all equal, which carry no "
+         f"outcome advantage: it needs method='grpo' and supervision='outcome', got {cfg.method!r} "
+         f"and {cfg.supervision!r}")
+    need(all(isinstance(key, str) for key in cfg.progress_keys),
+         f"progress_keys must be log keys (strings), got "
                                                                  f"{cfg.progress_keys}")
     try:  # each concept owns its allowed values
         grpo.check_settings(cfg)  # the loss's and the advantages' knobs
         model.check_settings(cfg)  # model_args, LoRA, device and dtype
         data.check_settings(cfg)  # dataset, math_levels, synthetic_args
         template_of(cfg.template).check()  # a well-formed template ...
-        rewards.check_settings(cfg)  # ... whose completions the rules read; reward_weights, answer_checker
+        # ... whose completions the rules read; reward_weights, answer_checker
+        rewards.check_settings(cfg)
     except (ValueError, TypeError) as error:
         raise ValueError(f"config: {error}") from None
 
@@ -274,9 +344,10 @@ def installed(package: str) -> bool:
 
 
 def load_config(argv: list[str]) -> TrainConfig:
-    """`[CONFIG.py ...] [--key=value ...]` -> TrainConfig. A config file is Python assigning variables (names
-    starting with "_", modules, functions and classes are ignored); see the module docstring. A bad config raises a
-    ValueError (a missing file: FileNotFoundError) that says what is wrong."""
+    """`[CONFIG.py ...] [--key=value ...]` -> TrainConfig. A config file is Python assigning
+    variables (names starting with "_", modules, functions and classes are ignored); see the module
+    docstring. A bad config raises a ValueError (a missing file: FileNotFoundError) that says what
+    is wrong."""
     hints, values = typing.get_type_hints(TrainConfig), {}
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -284,9 +355,11 @@ def load_config(argv: list[str]) -> TrainConfig:
                 f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}" for f in dataclasses.fields(TrainConfig)))
         if arg.startswith("--"):
             key, has_value, text = arg[2:].partition("=")
-            items, source = [(key, parse_value(text, hints.get(key)) if has_value else True)], "command line"
+            items, source = [(key,
+                              parse_value(text, hints.get(key)) if has_value else True)], "command line"
         elif os.path.isfile(arg):
-            items, source = [(k, v) for k, v in runpy.run_path(arg).items() if not k.startswith("_") and not
+            items, source = [(k, v) for k,
+                             v in runpy.run_path(arg).items() if not k.startswith("_") and not
                              isinstance(v, (types.ModuleType, types.FunctionType, type))], arg
         else:
             raise FileNotFoundError(f"config file {arg} not found")

@@ -1,13 +1,15 @@
 """
-Several processes: `torchrun --nproc_per_node=N train.py ...` starts N ranks with RANK, WORLD_SIZE and LOCAL_RANK
-set. Every rank draws the same questions and samples its own slice of whole groups; the loss normalisers are the
-whole batch's, so the ranks' gradients add up to the single-process gradient; rank 0 writes every file.
-Without torchrun there is no process group and these helpers change nothing.
+Several processes: `torchrun --nproc_per_node=N train.py ...` starts N ranks with RANK, WORLD_SIZE
+and LOCAL_RANK set. Every rank draws the same questions and samples its own slice of whole groups;
+the loss normalisers are the whole batch's, so the ranks' gradients add up to the single-process
+gradient; rank 0 writes every file. Without torchrun there is no process group and these helpers
+change nothing.
 
-Every rank starts from rank 0's weights (broadcast_weights: a warm start on GPU is not bitwise reproducible).
-"ddp" keeps a replica of the policy per rank; "fsdp" (FSDP2) shards it in place (spread). Under FSDP2 the sampler
-is a whole copy (bf16 on GPU: 2 B/param on every rank) refreshed after each update, not the policy unsharded around
-generation: every FSDP2 forward is a collective, while each rank decodes as many steps as its own rows need.
+Every rank starts from rank 0's weights (broadcast_weights: a warm start on GPU is not bitwise
+reproducible). "ddp" keeps a replica of the policy per rank; "fsdp" (FSDP2) shards it in place
+(spread). Under FSDP2 the sampler is a whole copy (bf16 on GPU: 2 B/param on every rank) refreshed
+after each update, not the policy unsharded around generation: every FSDP2 forward is a collective,
+while each rank decodes as many steps as its own rows need.
 """
 import contextlib
 import dataclasses
@@ -31,7 +33,8 @@ def world_size() -> int:
 
 
 def init_distributed(device: torch.device) -> torch.device:
-    """Under torchrun, join the process group (nccl on CUDA, gloo on the CPU); returns this rank's device."""
+    """Under torchrun, join the process group (nccl on CUDA, gloo on the CPU); returns this rank's
+    device."""
     if "RANK" not in os.environ:
         return device
     if device.type == "cuda":
@@ -61,15 +64,16 @@ def barrier():
 
 
 def leave_together():
-    """At the end of a torchrun run: wait for every rank, then leave the process group (a gloo rank that tears down
-    while another still works can abort it). Nothing alone."""
+    """At the end of a torchrun run: wait for every rank, then leave the process group (a gloo rank
+    that tears down while another still works can abort it). Nothing alone."""
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
 
 class Replicas(DistributedDataParallel):
-    """DDP that lends out its model's lm_head: completion_logprobs applies it to hidden states outside forward()."""
+    """DDP that lends out its model's lm_head: completion_logprobs applies it to hidden states
+    outside forward()."""
 
     @property
     def lm_head(self):
@@ -77,14 +81,18 @@ class Replicas(DistributedDataParallel):
 
 
 def spread(policy: Transformer, sharding: str, device: torch.device) -> Replicas | None:
-    """Spread the policy over the ranks. "ddp": a replica per rank, gradients all-reduced; returns the wrapper the
-    loss must run through. "fsdp": FSDP2 shards the fp32 weights, their gradients and so the AdamW state over the
-    ranks, one group per Block, then the root (embeddings, norm, lm_head), in place; returns None. Alone: None."""
+    """Spread the policy over the ranks. "ddp": a replica per rank, gradients all-reduced; returns
+    the wrapper the loss must run through. "fsdp": FSDP2 shards the fp32 weights, their gradients
+    and so the AdamW state over the ranks, one group per Block, then the root (embeddings, norm,
+    lm_head), in place; returns None. Alone: None."""
     if not dist.is_initialized():
         return None
-    if sharding == "ddp":  # bucket views: the gradients live in DDP's buckets instead of beside them (4 B/param)
-        return Replicas(policy, device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-    from torch.distributed.fsdp import fully_shard  # imported here: public from torch 2.6, plain runs need less
+    # bucket views: the gradients live in DDP's buckets instead of beside them (4 B/param)
+    if sharding == "ddp":
+        return Replicas(policy, device_ids=[device] if device.type == "cuda" else None,
+                        gradient_as_bucket_view=True)
+    # imported here: public from torch 2.6, plain runs need less
+    from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh(device.type, (world_size(),))
     for block in policy.layers:
         fully_shard(block, mesh=mesh)
@@ -93,19 +101,22 @@ def spread(policy: Transformer, sharding: str, device: torch.device) -> Replicas
 
 
 def accumulating(policy, last: bool):
-    """The context of one micro-batch's backward: DDP all-reduces the gradients in the last micro-batch's backward
-    only, after the others accumulated theirs (no_sync); anything else needs nothing."""
+    """The context of one micro-batch's backward: DDP all-reduces the gradients in the last
+    micro-batch's backward only, after the others accumulated theirs (no_sync); anything else needs
+    nothing."""
     return policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last else contextlib.nullcontext()
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
-    """tensor whole: an FSDP2 DTensor shard is all-gathered (a collective: every rank must call this)."""
+    """tensor whole: an FSDP2 DTensor shard is all-gathered (a collective: every rank must call
+    this)."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def gathered_to_rank0(state: dict) -> dict:
-    """state with its FSDP2 shards replaced, in place and one at a time, by whole tensors on rank 0's CPU (other
-    ranks drop theirs: a whole 7B state fits on no GPU, nor eight times in one host's memory); a collective."""
+    """state with its FSDP2 shards replaced, in place and one at a time, by whole tensors on rank
+    0's CPU (other ranks drop theirs: a whole 7B state fits on no GPU, nor eight times in one host's
+    memory); a collective."""
     for key, value in state.items():
         if isinstance(value, DTensor):
             value = value.full_tensor()
@@ -114,8 +125,8 @@ def gathered_to_rank0(state: dict) -> dict:
 
 
 def copy_weights(target: Transformer, source: Transformer):
-    """target's weights := source's, cast to target's dtype; FSDP2 shards are gathered one tensor at a time, so no
-    whole fp32 copy of the model is ever made (a collective under FSDP2)."""
+    """target's weights := source's, cast to target's dtype; FSDP2 shards are gathered one tensor at
+    a time, so no whole fp32 copy of the model is ever made (a collective under FSDP2)."""
     with torch.no_grad():
         into = target.state_dict()
         for name, tensor in source.state_dict().items():
@@ -123,10 +134,12 @@ def copy_weights(target: Transformer, source: Transformer):
 
 
 def shard_optimizer_state(optimizer: torch.optim.Optimizer):
-    """After loading a checkpoint's whole AdamW moments into an optimizer over FSDP2 shards, keep each rank's shard."""
+    """After loading a checkpoint's whole AdamW moments into an optimizer over FSDP2 shards, keep
+    each rank's shard."""
     for param, state in optimizer.state.items():
         for key, value in state.items():
-            if isinstance(param, DTensor) and value.shape == param.shape:  # the moments; not the 0-d step count
+            # the moments; not the 0-d step count
+            if isinstance(param, DTensor) and value.shape == param.shape:
                 state[key] = distribute_tensor(value, param.device_mesh, param.placements)
 
 
@@ -138,7 +151,8 @@ def summed_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def max_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """tensor's elementwise maximum over the ranks, in place (a collective); tensor itself in a single process."""
+    """tensor's elementwise maximum over the ranks, in place (a collective); tensor itself in a
+    single process."""
     if dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor
@@ -154,8 +168,9 @@ def from_every_rank(obj) -> list:
 
 
 def all_samples(samples):
-    """Every rank's rollout.Samples in rank order, i.e. the whole step's rows, for the log; timings are the slowest
-    rank's. The per-token log-probs stay on their rank (None here): the log does not read them."""
+    """Every rank's rollout.Samples in rank order, i.e. the whole step's rows, for the log; timings
+    are the slowest rank's. The per-token log-probs stay on their rank (None here): the log does not
+    read them."""
     if not dist.is_initialized():
         return samples
     parts = from_every_rank(dataclasses.replace(samples, logprobs=None))

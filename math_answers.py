@@ -1,17 +1,20 @@
 """
-Equivalence of MATH-style final answers: the checker a MATH run uses where a GSM8K run uses rewards.is_equiv.
+Equivalence of MATH-style final answers: the checker a MATH run uses where a GSM8K run uses
+rewards.is_equiv.
 
-MATH (Hendrycks et al., 2021, "Measuring Mathematical Problem Solving With the MATH Dataset") states each final
-answer as a short LaTeX string: a number (\\frac{3}{4}, 2\\sqrt{5}, 90^\\circ, 10,\\!080, 137 \\frac{1}{2}), an
-expression (x^3+3x-6, \\cot x), an equation (y = 2x + 3), an interval or a union of them, an ordered tuple, a list or
-set of values, a matrix, a complex number, a word (\\text{Evelyn}) or a choice letter (\\text{(C)}). MATH-500, the
-500-problem test subset of Lightman et al., 2023 (data/math500/), is the reference for the forms handled here.
+MATH (Hendrycks et al., 2021, "Measuring Mathematical Problem Solving With the MATH Dataset") states
+each final answer as a short LaTeX string: a number (\\frac{3}{4}, 2\\sqrt{5}, 90^\\circ, 10,\\!080,
+137 \\frac{1}{2}), an expression (x^3+3x-6, \\cot x), an equation (y = 2x + 3), an interval or a
+union of them, an ordered tuple, a list or set of values, a matrix, a complex number, a word
+(\\text{Evelyn}) or a choice letter (\\text{(C)}). MATH-500, the 500-problem test subset of Lightman
+et al., 2023 (data/math500/), is the reference for the forms handled here.
 
-is_equiv_math reads both answers with a hand-written tokenizer and recursive-descent parser into a small tree (no
-regex, no sympy, nothing executed) and compares the trees; scalar expressions are compared by value at fixed
-pseudo-random points. Like rewards.py it leans to "not equal" when in doubt: the reward is the policy's only teacher,
-and a false positive teaches it to cheat. Input length, nesting depth, the size of exact numbers, the number of
-items, variables and points are capped, so any input is answered in time about linear in its length.
+is_equiv_math reads both answers with a hand-written tokenizer and recursive-descent parser into a
+small tree (no regex, no sympy, nothing executed) and compares the trees; scalar expressions are
+compared by value at fixed pseudo-random points. Like rewards.py it leans to "not equal" when in
+doubt: the reward is the policy's only teacher, and a false positive teaches it to cheat. Input
+length, nesting depth, the size of exact numbers, the number of items, variables and points are
+capped, so any input is answered in time about linear in its length.
 """
 
 import cmath
@@ -23,41 +26,52 @@ from typing import NamedTuple
 
 MAX_CHARS = 400  # longer answers are refused; extract_answer's answers are at most 200 characters
 MAX_DEPTH = 40  # nesting of brackets, arguments and signs
-MAX_BITS = 10_000  # size of an exact intermediate number (numerator or denominator); 2^{2005} still fits
+# size of an exact intermediate number (numerator or denominator); 2^{2005} still fits
+MAX_BITS = 10_000
 MAX_ITEMS = 64  # items of one list, set, tuple or matrix
 MAX_ROOT = 64  # largest q of an exact q-th root (x^{p/q}, \sqrt[q]{x})
 MAX_VARIABLES = 8
 POINTS_SEED = 20261124  # the points are the same on every call and every machine
 N_POINTS = 5  # points at which expressions with variables are compared
 MIN_POINTS = 3  # points where both sides must be defined (and agree)
-REL_TOL = 1e-9  # for inexact values only (a radical, pi, e or a function); exact values must be equal
+# for inexact values only (a radical, pi, e or a function); exact values must be equal
+REL_TOL = 1e-9
 DIGITS = "0123456789"
 LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-UNICODE_LATEX = (("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u00b7", "\\cdot "), ("\u22c5", "\\cdot "),
-                 ("\u00f7", "\\div "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "), ("\u221e", "\\infty "),
+UNICODE_LATEX = (("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u00b7", "\\cdot "),
+                 ("\u22c5", "\\cdot "),
+                 ("\u00f7", "\\div "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
+                 ("\u221e", "\\infty "),
                  ("\u2264", "\\le "), ("\u2265", "\\ge "), ("\u2260", "\\ne "), ("\u00b1", "\\pm "),
                  ("\u222a", "\\cup "), ("\u00b0", " "))
-# Commands that change nothing: delimiters' sizes, spacing, math delimiters, currency and percent signs (50\% is 50,
-# as in rewards.is_equiv), a stray degree sign.
-NOISE_COMMANDS = frozenset("left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr displaystyle textstyle quad "
-                           "qquad circ degree".split()) | frozenset(",!;: $%()[]")
-TEXT_COMMANDS = frozenset("text textbf textit textrm textsf textnormal mbox mathrm mathbf mathit mathsf".split())
+# Commands that change nothing: delimiters' sizes, spacing, math delimiters, currency and percent
+# signs (50\% is 50, as in rewards.is_equiv), a stray degree sign.
+NOISE_COMMANDS = frozenset("left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr "
+                           "displaystyle textstyle quad qquad circ "
+                           "degree".split()) | frozenset(",!;: $%()[]")
+TEXT_COMMANDS = frozenset("text textbf textit textrm textsf textnormal mbox mathrm mathbf mathit "
+                          "mathsf".split())
 FRACTIONS = ("frac", "dfrac", "tfrac", "cfrac")
-COMMAND_ALIASES = {"leq": "le", "leqslant": "le", "geq": "ge", "geqslant": "ge", "neq": "ne", "lt": "<", "gt": ">",
-                   "ast": "cdot", "times": "cdot", "mp": "pm", "lvert": "|", "rvert": "|", "vert": "|",
-                   "varnothing": "emptyset", "lbrace": "{", "rbrace": "}"}
+COMMAND_ALIASES = {"leq": "le", "leqslant": "le", "geq": "ge", "geqslant": "ge", "neq": "ne",
+                   "lt": "<", "gt": ">",
+                   "ast": "cdot", "times": "cdot", "mp": "pm", "lvert": "|", "rvert": "|",
+                   "vert": "|", "varnothing": "emptyset", "lbrace": "{", "rbrace": "}"}
 THOUSANDS_MARKS = ("{,}", ",\\!", "\\,", ",")  # 10,\!080, 1{,}000, 1\,000, 58,500
-FUNCTIONS = {"sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan, "cot": lambda z: 1 / cmath.tan(z),
-             "sec": lambda z: 1 / cmath.cos(z), "csc": lambda z: 1 / cmath.sin(z), "arcsin": cmath.asin,
+FUNCTIONS = {"sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan,
+             "cot": lambda z: 1 / cmath.tan(z),
+             "sec": lambda z: 1 / cmath.cos(z), "csc": lambda z: 1 / cmath.sin(z),
+             "arcsin": cmath.asin,
              "arccos": cmath.acos, "arctan": cmath.atan, "sinh": cmath.sinh, "cosh": cmath.cosh,
              "tanh": cmath.tanh, "ln": cmath.log, "log": cmath.log10, "exp": cmath.exp}
 INVERSES = {"sin": "arcsin", "cos": "arccos", "tan": "arctan"}  # \sin^{-1} x
-WORD_COMMANDS = frozenset(("sqrt", "pi")) | frozenset(FUNCTIONS)  # plain-text spellings: sqrt(2), 2pi, sin x
-GREEK = frozenset("alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho "
-                  "sigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Sigma Phi Psi Omega".split())
+# plain-text spellings: sqrt(2), 2pi, sin x
+WORD_COMMANDS = frozenset(("sqrt", "pi")) | frozenset(FUNCTIONS)
+GREEK = frozenset("alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa "
+                  "lambda mu nu xi rho sigma tau upsilon phi varphi chi psi omega Gamma Delta "
+                  "Theta Lambda Xi Sigma Phi Psi Omega".split())
 MATRIX_ENVIRONMENTS = frozenset(("pmatrix", "bmatrix", "matrix", "Bmatrix"))
-# Words that hedge, negate, bound or change the value they stand beside ("5 or 6", "5\text{ or more}", "72 thousand",
-# "5\text{ is wrong}"): such a unit makes the answer unreadable.
+# Words that hedge, negate, bound or change the value they stand beside ("5 or 6", "5\text{ or
+# more}", "72 thousand", "5\text{ is wrong}"): such a unit makes the answer unreadable.
 HEDGE_WORDS = frozenset("""
     or nor and but plus minus not no never if unless wrong incorrect false about approximately approx around roughly
     nearly almost maybe perhaps probably possibly likely least most than squared cubed half hundred hundreds thousand
@@ -85,7 +99,8 @@ def _digits_end(text, i, end):
 
 
 def _closing_brace(text, open_at, end):
-    """Index of the '}' closing the '{' at text[open_at]; an escaped brace (\\{, \\}) is not a group brace."""
+    """Index of the '}' closing the '{' at text[open_at]; an escaped brace (\\{, \\}) is not a group
+    brace."""
     depth, i = 0, open_at
     while i < end:
         char = text[i]
@@ -100,10 +115,10 @@ def _closing_brace(text, open_at, end):
 
 
 def _number(text, i, end, plain_commas):
-    """(digits, index after the number) for the number at text[i]: '58,500' -> '58500', '.35' -> '.35'. A thousands
-    separator ({,} ,\\! \\, or a plain comma) must be followed by exactly three digits, after a first group of one to
-    three digits not starting with 0; a plain comma counts only outside brackets (plain_commas), since (1,000)
-    reads as the pair (1, 0) there."""
+    """(digits, index after the number) for the number at text[i]: '58,500' -> '58500', '.35' ->
+    '.35'. A thousands separator ({,} ,\\! \\, or a plain comma) must be followed by exactly three
+    digits, after a first group of one to three digits not starting with 0; a plain comma counts
+    only outside brackets (plain_commas), since (1,000) reads as the pair (1, 0) there."""
     j = _digits_end(text, i, end)
     parts = [text[i:j]]
     grouped = 0 < j - i <= 3 and text[i] != "0"
@@ -125,9 +140,10 @@ def _number(text, i, end, plain_commas):
 
 
 def _argument(text, i, end, tokens, depth, digit_run=False):
-    """Tokenize one TeX argument at text[i] wrapped in braces, whatever its spelling: {...}, a command (\\frac\\pi2)
-    or, by TeX's rule, one character (\\frac12, \\sqrt3, x^2). With digit_run (for ^ and _) a run of digits is one
-    argument, the plain-text reading (x^23 is x^{23}: TeX's x^{2}3 is never meant). Returns the index after it."""
+    """Tokenize one TeX argument at text[i] wrapped in braces, whatever its spelling: {...}, a
+    command (\\frac\\pi2) or, by TeX's rule, one character (\\frac12, \\sqrt3, x^2). With digit_run
+    (for ^ and _) a run of digits is one argument, the plain-text reading (x^23 is x^{23}: TeX's
+    x^{2}3 is never meant). Returns the index after it."""
     i = _skip_spaces(text, i, end)
     if i >= end:
         raise Unreadable("missing argument")
@@ -150,7 +166,8 @@ def _argument(text, i, end, tokens, depth, digit_run=False):
 
 
 def _command(text, i, end, tokens, depth):
-    """Tokenize the command at text[i] == '\\' (with its arguments where it takes them); the index after it."""
+    """Tokenize the command at text[i] == '\\' (with its arguments where it takes them); the index
+    after it."""
     k = i + 1
     if k < end and text[k] in LETTERS:
         while k < end and text[k] in LETTERS:
@@ -195,8 +212,8 @@ def _command(text, i, end, tokens, depth):
 
 
 def _script(text, i, end, tokens, depth):
-    """Tokenize a superscript or subscript at text[i] in '^_'. A degree sign (^\\circ, ^{\\circ}) is dropped and a
-    prime (^\\prime) becomes "'"; ^( is left to the parser (2^(3) in plain text)."""
+    """Tokenize a superscript or subscript at text[i] in '^_'. A degree sign (^\\circ, ^{\\circ}) is
+    dropped and a prime (^\\prime) becomes "'"; ^( is left to the parser (2^(3) in plain text)."""
     k = _skip_spaces(text, i + 1, end)
     if text[i] == "^":
         for degree in ("\\circ", "{\\circ}"):
@@ -213,16 +230,19 @@ def _script(text, i, end, tokens, depth):
 
 
 OPENERS = frozenset("([{")
-COMMA_BRACKETS = {("sym", "("): 1, ("sym", "["): 1, ("cmd", "{"): 1, ("sym", ")"): -1, ("sym", "]"): -1, ("cmd", "}"): -1}
+COMMA_BRACKETS = {("sym", "("): 1, ("sym", "["): 1, ("cmd", "{"): 1, ("sym", ")"): -1,
+                  ("sym", "]"): -1, ("cmd", "}"): -1}
 
 
 def _tokenize(text, i, end, tokens, depth):
-    """Append the tokens of text[i:end] to tokens, each (kind, value): ("num", digits), ("word", a run of letters),
-    ("cmd", a command's name), ("text", the words of \\text{}), ("begin"/"end", an environment), ("sym", one
-    character). Noise is dropped here, never joining what it separated: "7\\,2" stays two numbers."""
+    """Append the tokens of text[i:end] to tokens, each (kind, value): ("num", digits), ("word", a
+    run of letters), ("cmd", a command's name), ("text", the words of \\text{}), ("begin"/"end", an
+    environment), ("sym", one character). Noise is dropped here, never joining what it separated:
+    "7\\,2" stays two numbers."""
     if depth > MAX_DEPTH:
         raise Unreadable("nested too deeply")
-    brackets = 0  # open ( [ \{ so far in this span: a plain comma is a thousands separator only outside them
+    # open ( [ \{ so far in this span: a plain comma is a thousands separator only outside them
+    brackets = 0
     while i < end:
         char, before = text[i], len(tokens)
         if char.isspace() or char in "$%":
@@ -249,8 +269,9 @@ def _tokenize(text, i, end, tokens, depth):
 
 
 def tokenize(text: str) -> list[tuple[str, str]]:
-    """The tokens of an answer (see _tokenize), after mapping unicode math (−, ×, π, √, ≤, ...) to LaTeX and
-    dropping a final full stop. Raises Unreadable (a ValueError) for unbalanced braces and the like."""
+    """The tokens of an answer (see _tokenize), after mapping unicode math (−, ×, π, √, ≤, ...) to
+    LaTeX and dropping a final full stop. Raises Unreadable (a ValueError) for unbalanced braces and
+    the like."""
     if not text.isascii():
         for char, latex in UNICODE_LATEX:
             text = text.replace(char, latex)
@@ -261,15 +282,15 @@ def tokenize(text: str) -> list[tuple[str, str]]:
     return tokens
 
 # -----------------------------------------------------------------------------
-# reading: the answer's tree
-# A scalar is a plain tuple: ("num", Fraction), ("var", name), ("const", "pi" | "e" | "i" | "inf"), (op, a, b) for
-# op in + - * / ^ and pm (a ± b), ("neg", a), ("fn", name, a), ("root", n, a), ("abs", a). Everything else is one of
-# the structures below.
+# reading: the answer's tree A scalar is a plain tuple: ("num", Fraction), ("var", name), ("const",
+# "pi" | "e" | "i" | "inf"), (op, a, b) for op in + - * / ^ and pm (a ± b), ("neg", a), ("fn", name,
+# a), ("root", n, a), ("abs", a). Everything else is one of the structures below.
 
 
 class Seq(NamedTuple):
-    """An ordered tuple or an interval: (3, \\frac{\\pi}{2}), [-2, 7), (1, 2). Both are compared the same way:
-    same brackets, same length, items equal in order; so (1, 2) matches (1, 2) whichever of the two it means."""
+    """An ordered tuple or an interval: (3, \\frac{\\pi}{2}), [-2, 7), (1, 2). Both are compared the
+    same way: same brackets, same length, items equal in order; so (1, 2) matches (1, 2) whichever
+    of the two it means."""
     opener: str
     closer: str
     items: tuple
@@ -286,13 +307,15 @@ class Union(NamedTuple):
 
 
 class Matrix(NamedTuple):
-    """pmatrix / bmatrix / matrix / Bmatrix rows, compared entrywise (a column vector is a one-column matrix)."""
+    """pmatrix / bmatrix / matrix / Bmatrix rows, compared entrywise (a column vector is a
+    one-column matrix)."""
     rows: tuple
 
 
 class Relation(NamedTuple):
-    """left op right with op one of = < \\le \\ne \\in (> and \\ge are stored flipped). An assignment is = or \\in
-    with a single variable on the left (x = 5 and 5 = x both store x on the left)."""
+    """left op right with op one of = < \\le \\ne \\in (> and \\ge are stored flipped). An
+    assignment is = or \\in with a single variable on the left (x = 5 and 5 = x both store x on the
+    left)."""
     op: str
     left: object
     right: object
@@ -309,18 +332,22 @@ class Choice(NamedTuple):
 
 
 ONE, ZERO, INFINITY = ("num", Fraction(1)), ("num", Fraction(0)), ("const", "inf")
-RELATIONS = {("sym", "="): "=", ("sym", "<"): "<", ("sym", ">"): ">", ("cmd", "<"): "<", ("cmd", ">"): ">",
+RELATIONS = {("sym", "="): "=", ("sym", "<"): "<", ("sym", ">"): ">", ("cmd", "<"): "<",
+             ("cmd", ">"): ">",
              ("cmd", "le"): "le", ("cmd", "ge"): "ge", ("cmd", "ne"): "ne", ("cmd", "in"): "in"}
 FLIPPED = {">": "<", "ge": "le"}
 SIGNS = {("sym", "+"): "+", ("sym", "-"): "-", ("cmd", "pm"): "pm"}
-PRODUCT_OPERATORS = {("sym", "*"): "*", ("cmd", "cdot"): "*", ("sym", "/"): "/", ("cmd", "div"): "/"}
-GROUP_CLOSERS = {"(": (("sym", ")"), ("sym", "]")), "[": (("sym", ")"), ("sym", "]")), "{": (("sym", "}"),)}
+PRODUCT_OPERATORS = {("sym", "*"): "*", ("cmd", "cdot"): "*", ("sym", "/"): "/",
+                     ("cmd", "div"): "/"}
+GROUP_CLOSERS = {"(": (("sym", ")"), ("sym", "]")), "[": (("sym", ")"), ("sym", "]")),
+                 "{": (("sym", "}"),)}
 END = ("end of answer", "")
 LBRACE, RBRACE = ("sym", "{"), ("sym", "}")
 
 
 def _is_scalar(node):
-    """Whether node is a scalar tree (a plain tuple; the structures are NamedTuple subclasses of tuple)."""
+    """Whether node is a scalar tree (a plain tuple; the structures are NamedTuple subclasses of
+    tuple)."""
     return type(node) is tuple
 
 
@@ -353,7 +380,8 @@ def _without_pm(node, sign):
 
 
 def _expanded(items):
-    """items with each scalar a ± b replaced by its two values; more than one ± in an item is refused."""
+    """items with each scalar a ± b replaced by its two values; more than one ± in an item is
+    refused."""
     result = []
     for item in items:
         if _count_pm(item) > 1:
@@ -382,8 +410,9 @@ class _Parser:
                                                      and a/bc is refused as ambiguous
         power    = atom ["^" group]
         atom     = number | letters | command | group | |sum| | matrix
-    A group (...), [...], {...} with one item is that item; with several it is a Seq (round/square brackets) or a
-    Set (braces). \\{...\\} is always a Set. Items of a Set and the right side of a relation expand a ± b."""
+    A group (...), [...], {...} with one item is that item; with several it is a Seq (round/square
+    brackets) or a Set (braces). \\{...\\} is always a Set. Items of a Set and the right side of a
+    relation expand a ± b."""
 
     def __init__(self, tokens):
         self.tokens, self.at, self.depth = tokens, 0, 0
@@ -440,9 +469,10 @@ class _Parser:
         return node
 
     def relation(self):
-        """One relation, or a chain low < x < high. An inequality between one variable and a constant is read as the
-        interval it states (x \\ge 2 is x \\in [2, \\infty), 2 < x \\le 5 is x \\in (2, 5]); = with the variable on
-        the right is turned round (5 = x is x = 5); the right side of a relation expands a ± b."""
+        """One relation, or a chain low < x < high. An inequality between one variable and a
+        constant is read as the interval it states (x \\ge 2 is x \\in [2, \\infty), 2 < x \\le 5 is
+        x \\in (2, 5]); = with the variable on the right is turned round (5 = x is x = 5); the right
+        side of a relation expands a ± b."""
         sides, ops = [self.union()], []
         while self.peek() in RELATIONS:
             if len(ops) == 2:
@@ -505,7 +535,8 @@ class _Parser:
                 self.at += 1
                 negative = self.accept(("sym", "-"))  # 2 \cdot -3
                 operand = _scalar(self.power())
-                node = (PRODUCT_OPERATORS[token], _scalar(node), ("neg", operand) if negative else operand)
+                node = (PRODUCT_OPERATORS[token], _scalar(node),
+                        ("neg", operand) if negative else operand)
                 after_division = token in (("sym", "/"), ("cmd", "div"))
             elif self.starts_factor(token):
                 if after_division:
@@ -515,8 +546,8 @@ class _Parser:
                 return node
 
     def starts_factor(self, token):
-        """Whether token starts a factor that juxtaposition multiplies: a letter, a command such as \\pi, \\sqrt,
-        \\frac, \\sin, or a bracket; never a number."""
+        """Whether token starts a factor that juxtaposition multiplies: a letter, a command such as
+        \\pi, \\sqrt, \\frac, \\sin, or a bracket; never a number."""
         kind, value = token
         return (kind == "word" or (kind == "sym" and value in "({") or
                 (kind == "cmd" and (value in ("frac", "sqrt", "pi") or value in FUNCTIONS or value in GREEK)))
@@ -559,10 +590,11 @@ class _Parser:
         return node
 
     def number(self, digits):
-        """A number token, with a mixed-number fraction after it (2\\frac{1}{2}, 137 \\frac{1}{2}, 2 1/2: MATH writes a
-        product of an integer and a fraction as one fraction, so an integer followed by a proper fraction of two
-        integers is a mixed number) or a base subscript (204_5, 4210_{5}: the digits are kept and the base dropped,
-        as the question names the base; digits not valid in the base are refused)."""
+        """A number token, with a mixed-number fraction after it (2\\frac{1}{2}, 137 \\frac{1}{2}, 2
+        1/2: MATH writes a product of an integer and a fraction as one fraction, so an integer
+        followed by a proper fraction of two integers is a mixed number) or a base subscript (204_5,
+        4210_{5}: the digits are kept and the base dropped, as the question names the base; digits
+        not valid in the base are refused)."""
         value = Fraction(digits)
         if digits.isdigit():
             value += self.mixed_fraction()
@@ -573,8 +605,8 @@ class _Parser:
         return ("num", value)
 
     def mixed_fraction(self):
-        """The proper fraction of two integers right after an integer (\\frac{a}{b}, or a/b after a space), taken from
-        the tokens; 0 if there is none."""
+        """The proper fraction of two integers right after an integer (\\frac{a}{b}, or a/b after a
+        space), taken from the tokens; 0 if there is none."""
         ahead = [token if token[0] != "num" else ("num", "") for token in self.tokens[self.at:self.at + 7]]
         if ahead == [("cmd", "frac"), LBRACE, ("num", ""), RBRACE, LBRACE, ("num", ""), RBRACE]:
             numerator, denominator, length = self.tokens[self.at + 2][1], self.tokens[self.at + 5][1], 7
@@ -607,8 +639,9 @@ class _Parser:
         return name
 
     def letters(self, run):
-        """A run of letters is a product of one-letter variables (ab is a*b); i is the imaginary unit and e is Euler's
-        number unless subscripted or primed. The last letter takes a subscript (x_1, a_{n}) and primes (x')."""
+        """A run of letters is a product of one-letter variables (ab is a*b); i is the imaginary
+        unit and e is Euler's number unless subscripted or primed. The last letter takes a subscript
+        (x_1, a_{n}) and primes (x')."""
         factors = [("const", letter) if letter in "ei" else ("var", letter) for letter in run]
         name = self.decorated(run[-1])
         if name != run[-1]:
@@ -647,8 +680,9 @@ class _Parser:
         raise Unreadable(f"unknown command \\{name}")
 
     def function(self, name):
-        """\\sin x, \\sin(x), \\sin 2x (the argument runs over juxtaposed factors up to the next function or operator),
-        \\sin^2 x, \\sin^{-1} x (arcsin), \\log_2 8; \\log alone is base 10 and \\ln natural."""
+        """\\sin x, \\sin(x), \\sin 2x (the argument runs over juxtaposed factors up to the next
+        function or operator), \\sin^2 x, \\sin^{-1} x (arcsin), \\log_2 8; \\log alone is base 10
+        and \\ln natural."""
         power = base = None
         if self.accept(("sym", "^")):
             power = self.group_value()
@@ -711,8 +745,10 @@ def _word_text(tokens):
 
 
 def _choice(tokens):
-    """The letter of a multiple-choice answer: one capital letter, in parentheses or not, in \\text{} or not."""
-    compact = "".join("".join(value.split()) for kind, value in tokens if kind in ("word", "text", "sym"))
+    """The letter of a multiple-choice answer: one capital letter, in parentheses or not, in
+    \\text{} or not."""
+    compact = "".join("".join(value.split()) for kind,
+                      value in tokens if kind in ("word", "text", "sym"))
     if len(compact) == 3 and compact[0] == "(" and compact[2] == ")":
         compact = compact[1]
     kinds_ok = all(kind in ("word", "text") or value in "()" for kind, value in tokens)
@@ -720,7 +756,8 @@ def _choice(tokens):
 
 
 def _answer_tokens(text):
-    """The tokens of an answer without outer markdown emphasis (**72**), or None if it cannot be tokenized."""
+    """The tokens of an answer without outer markdown emphasis (**72**), or None if it cannot be
+    tokenized."""
     try:
         return tokenize(text.strip().strip("*_"))
     except ValueError:
@@ -735,7 +772,8 @@ def _read(tokens):
     if letter is not None:
         return Choice(letter)
     words = _word_text(tokens)
-    if words and any(kind == "text" or (len(value) >= 3 and value not in WORD_COMMANDS) for kind, value in tokens):
+    if words and any(kind == "text" or (len(value) >= 3 and value not in WORD_COMMANDS) for kind,
+                     value in tokens):
         return Text(words)
     try:
         return _Parser(tokens).answer()
@@ -745,12 +783,13 @@ def _read(tokens):
 
 def parse_answer(text: str):
     """
-    The tree of one answer string, or None if it is not a form this module reads. Outer markdown emphasis (**x**),
-    $...$, \\(...\\), \\boxed{}, \\left/\\right, spacing, \\%, \\$, degree signs and a final full stop are dropped.
-    An answer of one capital letter, bare or in parentheses or \\text{}, is a Choice; one made only of words and
-    \\text{} with a \\text{} or a word of three or more letters (not sin, sqrt, ...) is a Text; anything else is
-    parsed by _Parser. A \\text{} of words after a value is a unit and dropped (5\\text{ cm}, 15\\mbox{ cm}^2),
-    unless it hedges (\\text{ or more}); \\text{} elsewhere (3 \\text{ or } 4) is unreadable.
+    The tree of one answer string, or None if it is not a form this module reads. Outer markdown
+    emphasis (**x**), $...$, \\(...\\), \\boxed{}, \\left/\\right, spacing, \\%, \\$, degree signs
+    and a final full stop are dropped. An answer of one capital letter, bare or in parentheses or
+    \\text{}, is a Choice; one made only of words and \\text{} with a \\text{} or a word of three or
+    more letters (not sin, sqrt, ...) is a Text; anything else is parsed by _Parser. A \\text{} of
+    words after a value is a unit and dropped (5\\text{ cm}, 15\\mbox{ cm}^2), unless it hedges
+    (\\text{ or more}); \\text{} elsewhere (3 \\text{ or } 4) is unreadable.
     """
     tokens = _answer_tokens(text) if len(text) <= MAX_CHARS else None
     return None if tokens is None else _read(tokens)
@@ -760,7 +799,8 @@ def parse_answer(text: str):
 
 
 class Gaussian(NamedTuple):
-    """An exact complex number re + im*i with Fraction parts (im != 0), so that 6 - 5i is compared exactly."""
+    """An exact complex number re + im*i with Fraction parts (im != 0), so that 6 - 5i is compared
+    exactly."""
     re: Fraction
     im: Fraction
 
@@ -786,7 +826,8 @@ def _bits(value):
 
 
 def _checked(value):
-    """value, unless it is an exact number over MAX_BITS or an infinite or NaN float: then Unreadable."""
+    """value, unless it is an exact number over MAX_BITS or an infinite or NaN float: then
+    Unreadable."""
     if isinstance(value, complex):
         if not (math.isfinite(value.real) and math.isfinite(value.imag)):
             raise Unreadable("not a finite number")
@@ -799,7 +840,8 @@ ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": oper
 
 
 def _arith(symbol, a, b):
-    """a symbol b for symbol in + - * /: Fraction or Gaussian arithmetic when both are exact, complex otherwise."""
+    """a symbol b for symbol in + - * /: Fraction or Gaussian arithmetic when both are exact,
+    complex otherwise."""
     if type(a) is Fraction and type(b) is Fraction:
         return _checked(ARITHMETIC[symbol](a, b))
     if not (_is_exact(a) and _is_exact(b)):
@@ -828,8 +870,8 @@ def _exact_root(value, n):
 
 
 def _root(value, n):
-    """\\sqrt[n]{value}: exact when it is rational; the real root of a negative number for odd n; i*sqrt(-v) for
-    n = 2 and v < 0 (exact if rational); the principal complex root otherwise."""
+    """\\sqrt[n]{value}: exact when it is rational; the real root of a negative number for odd n;
+    i*sqrt(-v) for n = 2 and v < 0 (exact if rational); the principal complex root otherwise."""
     if isinstance(value, Fraction) and (value >= 0 or n % 2 == 1):
         exact = _exact_root(abs(value), n)
         magnitude = exact if exact is not None else complex(float(abs(value)) ** (1 / n))
@@ -841,9 +883,10 @@ def _root(value, n):
 
 
 def _power(base, exponent):
-    """base ** exponent: exact for an exact base and an integer exponent (refused when the result would exceed
-    MAX_BITS: 10^{10^{10}} is never computed); for a rational base and exponent p/q, (\\sqrt[q]{base})^p (the real
-    root for odd q, so (-8)^{1/3} is -2 as \\sqrt[3]{-8} is); the principal complex power otherwise."""
+    """base ** exponent: exact for an exact base and an integer exponent (refused when the result
+    would exceed MAX_BITS: 10^{10^{10}} is never computed); for a rational base and exponent p/q,
+    (\\sqrt[q]{base})^p (the real root for odd q, so (-8)^{1/3} is -2 as \\sqrt[3]{-8} is); the
+    principal complex power otherwise."""
     if _is_exact(base) and isinstance(exponent, Fraction):
         if exponent.denominator == 1:
             n = exponent.numerator
@@ -868,8 +911,9 @@ CONSTANTS = {"pi": complex(math.pi), "e": complex(math.e), "i": Gaussian(Fractio
 
 
 def _value(node, point):
-    """The value of a scalar tree with its variables set from point: a Fraction, a Gaussian or a complex. Raises
-    ArithmeticError or ValueError where it is undefined (division by zero, infinity in arithmetic, too large)."""
+    """The value of a scalar tree with its variables set from point: a Fraction, a Gaussian or a
+    complex. Raises ArithmeticError or ValueError where it is undefined (division by zero, infinity
+    in arithmetic, too large)."""
     kind = node[0]
     if kind == "num":
         return node[1]
@@ -906,9 +950,9 @@ def _variables(node):
 
 
 def _random_points():
-    """N_POINTS rows of MAX_VARIABLES non-integer Fractions (numerator 11-97, denominator 3, 7, 11 or 13), drawn once
-    from random.Random(POINTS_SEED): exact, deterministic, away from 0, 1 and other special values. The odd rows are
-    negative, so |x| and x, or \\sqrt{x^2} and x, differ."""
+    """N_POINTS rows of MAX_VARIABLES non-integer Fractions (numerator 11-97, denominator 3, 7, 11
+    or 13), drawn once from random.Random(POINTS_SEED): exact, deterministic, away from 0, 1 and
+    other special values. The odd rows are negative, so |x| and x, or \\sqrt{x^2} and x, differ."""
     rng = random.Random(POINTS_SEED)
     rows = []
     for k in range(N_POINTS):
@@ -932,9 +976,9 @@ def _try_value(node, point):
 
 
 def _close(pred, gold):
-    """Whether two values agree: exact values must be equal; a rational (exact) pred never equals an inexact
-    (irrational) gold, so 1.414 is not \\sqrt2 however many digits it has; an inexact pred is compared with
-    REL_TOL (\\sin(\\pi/6) and \\sqrt2\\sqrt2 are computed in floating point)."""
+    """Whether two values agree: exact values must be equal; a rational (exact) pred never equals an
+    inexact (irrational) gold, so 1.414 is not \\sqrt2 however many digits it has; an inexact pred
+    is compared with REL_TOL (\\sin(\\pi/6) and \\sqrt2\\sqrt2 are computed in floating point)."""
     if _is_exact(pred):
         return _is_exact(gold) and pred == gold
     pred, gold = complex(pred), complex(gold)
@@ -946,7 +990,8 @@ def _infinity_sign(node):
 
 
 def _points(*nodes):
-    """The points at which to compare nodes: one empty point without variables, else N_POINTS (None if too many)."""
+    """The points at which to compare nodes: one empty point without variables, else N_POINTS (None
+    if too many)."""
     names = sorted(set().union(*map(_variables, nodes)))
     if len(names) > MAX_VARIABLES:
         return None
@@ -954,8 +999,8 @@ def _points(*nodes):
 
 
 def _same_value(pred, gold):
-    """Whether two scalar trees have the same value (_close) at every point where either is defined, with at least
-    MIN_POINTS such points when there are variables; ±infinity only equals itself."""
+    """Whether two scalar trees have the same value (_close) at every point where either is defined,
+    with at least MIN_POINTS such points when there are variables; ±infinity only equals itself."""
     if _infinity_sign(pred) or _infinity_sign(gold):
         return _infinity_sign(pred) == _infinity_sign(gold)
     points = _points(pred, gold)
@@ -973,8 +1018,9 @@ def _same_value(pred, gold):
 
 
 def _proportional(pred, gold, positive):
-    """Whether pred = c * gold at every point for one constant c != 0 (c > 0 if positive): the same equation (c any)
-    or inequality (c > 0) written as pred = 0 and gold = 0 (34x+45y-20z+100=0 equals its negation and multiples)."""
+    """Whether pred = c * gold at every point for one constant c != 0 (c > 0 if positive): the same
+    equation (c any) or inequality (c > 0) written as pred = 0 and gold = 0 (34x+45y-20z+100=0
+    equals its negation and multiples)."""
     points = _points(pred, gold)
     if points is None:
         return False
@@ -987,12 +1033,14 @@ def _proportional(pred, gold, positive):
         return all(_close(p, Fraction(0)) for p, _ in values)
     if _close(ratio, Fraction(0)) or (positive and not _is_positive(ratio)):
         return False
-    exact = _is_exact(ratio)  # an irrational factor (\sqrt2 x = 2 against x = \sqrt2) is compared inexactly
+    # an irrational factor (\sqrt2 x = 2 against x = \sqrt2) is compared inexactly
+    exact = _is_exact(ratio)
     return all(_close(p if exact else complex(p), _arith("*", ratio, g)) for p, g in values)
 
 
 def _is_positive(value):
-    """Whether a value is a positive real number (an inexact one within REL_TOL of the real axis)."""
+    """Whether a value is a positive real number (an inexact one within REL_TOL of the real
+    axis)."""
     if isinstance(value, Fraction):
         return value > 0
     return isinstance(value, complex) and value.real > 0 and abs(value.imag) <= REL_TOL * abs(value)
@@ -1016,21 +1064,24 @@ def _is_assignment(node):
 
 
 def _same_relation(pred, gold):
-    """Relations with the same operator: assignments with a structure on the right (x \\in [-2, 7], x = 1 \\pm \\sqrt2)
-    need the same variable and right side; scalar relations compare left - right up to a constant factor
-    (positive for < and \\le): x \\ge 2 equals 2 \\le x, y = 2x+3 equals 2x - y + 3 = 0."""
+    """Relations with the same operator: assignments with a structure on the right (x \\in [-2, 7],
+    x = 1 \\pm \\sqrt2) need the same variable and right side; scalar relations compare left - right
+    up to a constant factor (positive for < and \\le): x \\ge 2 equals 2 \\le x, y = 2x+3 equals 2x
+    - y + 3 = 0."""
     if pred.op != gold.op:
         return False
     if not (_is_scalar(gold.right) and _is_scalar(pred.right)):
         return _is_assignment(pred) and _is_assignment(gold) and pred.left == gold.left and _same(pred.right, gold.right)
-    return _proportional(("-", pred.left, pred.right), ("-", gold.left, gold.right), gold.op in ("<", "le"))
+    return _proportional(("-", pred.left, pred.right), ("-", gold.left, gold.right),
+                         gold.op in ("<", "le"))
 
 
 def _same(pred, gold):
-    """Whether two trees state the same answer. An assignment (x = 11, y = 2x + 3, x \\in [-2, 7]) equals its right
-    side both ways; other relations only equal relations. A Set (list, \\{\\}, ±) equals a Set with the same items in
-    any order, and a one-item Set its item; a one-value gold never equals a list of several values. A Seq needs the same brackets and items in order; a
-    Union the same members in any order; a Matrix the same shape and entries. Scalars compare by value."""
+    """Whether two trees state the same answer. An assignment (x = 11, y = 2x + 3, x \\in [-2, 7])
+    equals its right side both ways; other relations only equal relations. A Set (list, \\{\\}, ±)
+    equals a Set with the same items in any order, and a one-item Set its item; a one-value gold
+    never equals a list of several values. A Seq needs the same brackets and items in order; a Union
+    the same members in any order; a Matrix the same shape and entries. Scalars compare by value."""
     if isinstance(gold, Relation) or isinstance(pred, Relation):
         if isinstance(gold, Relation) and isinstance(pred, Relation):
             return _same_relation(pred, gold)
@@ -1054,7 +1105,8 @@ def _same(pred, gold):
                 and all(_same(p, g) for p, g in zip(pred.items, gold.items)))
     if isinstance(gold, Matrix):
         return (len(pred.rows) == len(gold.rows) and len(pred.rows[0]) == len(gold.rows[0])
-                and all(_same_value(p, g) for pr, gr in zip(pred.rows, gold.rows) for p, g in zip(pr, gr)))
+                and all(_same_value(p, g) for pr, gr in zip(pred.rows, gold.rows) for p,
+                        g in zip(pr, gr)))
     return pred == gold  # Text, Choice
 
 
@@ -1063,8 +1115,9 @@ def _is_number(node):
 
 
 def _without_unit_words(tokens):
-    """tokens without their trailing plain words ("18 apples", "18cm", "$72 per week"), or None when there are none,
-    nothing before them, or one is a single letter (5 x is 5x in LaTeX), a hedge (HEDGE_WORDS) or a function name."""
+    """tokens without their trailing plain words ("18 apples", "18cm", "$72 per week"), or None when
+    there are none, nothing before them, or one is a single letter (5 x is 5x in LaTeX), a hedge
+    (HEDGE_WORDS) or a function name."""
     start = len(tokens)
     while start > 0 and tokens[start - 1][0] in ("word", "text"):
         start -= 1
@@ -1076,25 +1129,32 @@ def _without_unit_words(tokens):
 
 def is_equiv_math(pred: str | None, gold: str) -> bool:
     """
-    Whether the predicted answer string states the MATH gold answer. The rules, leaning to False when in doubt:
-      - Numbers are exact: every LaTeX spelling of a value reads to the same Fraction (\\frac12, \\dfrac{1}{2},
-        0.5, 1/2, 50\\% is 50, 10,\\!080, \\$5, 90^\\circ is 90, 1.5\\times10^3, 2\\frac{1}{2} and 2 1/2 are 5/2);
-        0.333 is not \\frac13. Radicals, \\pi, e and functions are computed in floating point and compared with
-        REL_TOL, but a rational pred never equals an irrational gold (1.41421356 is not \\sqrt2).
-      - Expressions with variables agree at N_POINTS fixed rational points (exact arithmetic where possible).
-      - x = 11 and 11 credit each other both ways (one variable assigned); y = 2x + 3 equals 2x + 3; an equation
-        equals its negation and nonzero multiples; an inequality keeps its direction (y \\le 2x is 2x \\ge y), and
-        one between a variable and a constant is the interval it states (x \\ge 2 is [2, \\infty)).
-      - Intervals and tuples need the same brackets and items in order: (1, 2) may be an open interval or an
-        ordered pair, and both readings give the same verdict, so it is compared as the gold reads whichever it
-        means ((2, 1), [1, 2) and "1, 2" are not it); unions, sets and lists "1, 2, 3" are unordered; a ± b is the list {a+b, a-b}, so
-        gold \\pm 3 is credited by "3, -3" but not by "3"; a one-value gold never credits a list of several
-        (\\{3\\} is 3); matrices compare entrywise, and a tuple is not a column vector.
-      - Words compare letters and digits case-insensitively (\\text{Evelyn} and Evelyn); a choice letter must
-        match ((A), \\text{(A)}, \\textbf{(A)}, A); \\text{} units after a value are dropped; against a number
-        gold, trailing plain words are units too ("18 apples", as rewards.is_equiv reads them).
-      - Conventions: an integer before a proper fraction is a mixed number (MATH's 137 \\frac{1}{2}); 204_5 is
-        the numeral 204 (the question names the base); i is the imaginary unit, e Euler's number, \\log base 10.
+    Whether the predicted answer string states the MATH gold answer. The rules, leaning to False
+    when in doubt:
+      - Numbers are exact: every LaTeX spelling of a value reads to the same Fraction (\\frac12,
+        \\dfrac{1}{2}, 0.5, 1/2, 50\\% is 50, 10,\\!080, \\$5, 90^\\circ is 90, 1.5\\times10^3,
+        2\\frac{1}{2} and 2 1/2 are 5/2); 0.333 is not \\frac13. Radicals, \\pi, e and functions are
+        computed in floating point and compared with REL_TOL, but a rational pred never equals an
+        irrational gold (1.41421356 is not \\sqrt2).
+      - Expressions with variables agree at N_POINTS fixed rational points (exact arithmetic where
+        possible).
+      - x = 11 and 11 credit each other both ways (one variable assigned); y = 2x + 3 equals 2x + 3;
+        an equation equals its negation and nonzero multiples; an inequality keeps its direction (y
+        \\le 2x is 2x \\ge y), and one between a variable and a constant is the interval it states
+        (x \\ge 2 is [2, \\infty)).
+      - Intervals and tuples need the same brackets and items in order: (1, 2) may be an open
+        interval or an ordered pair, and both readings give the same verdict, so it is compared as
+        the gold reads whichever it means ((2, 1), [1, 2) and "1, 2" are not it); unions, sets and
+        lists "1, 2, 3" are unordered; a ± b is the list {a+b, a-b}, so gold \\pm 3 is credited by
+        "3, -3" but not by "3"; a one-value gold never credits a list of several (\\{3\\} is 3);
+        matrices compare entrywise, and a tuple is not a column vector.
+      - Words compare letters and digits case-insensitively (\\text{Evelyn} and Evelyn); a choice
+        letter must match ((A), \\text{(A)}, \\textbf{(A)}, A); \\text{} units after a value are
+        dropped; against a number gold, trailing plain words are units too ("18 apples", as
+        rewards.is_equiv reads them).
+      - Conventions: an integer before a proper fraction is a mixed number (MATH's 137
+        \\frac{1}{2}); 204_5 is the numeral 204 (the question names the base); i is the imaginary
+        unit, e Euler's number, \\log base 10.
       - A pred that does not parse is False; a gold that does not parse is matched token for token.
     """
     if pred is None or gold is None or len(pred) > MAX_CHARS or len(gold) > MAX_CHARS:

@@ -1,9 +1,10 @@
 """A decoder-only transformer of the Qwen2 / Qwen3 / Llama family, written out by hand.
 
-Covers Qwen2 / Qwen2.5 (q/k/v bias, GQA, RoPE, RMSNorm, SwiGLU, tied or untied head), Qwen3's dense models (no
-bias; an RMSNorm over each head's query and key before RoPE; a head_dim of its own, not hidden_size / heads) and
-Llama-shaped models (no bias; SmolLM2, Llama-3.x with "llama3" RoPE scaling). Loads Hugging Face checkpoints
-(a local directory with config.json + safetensors, sharded or not, a hub name, or a GGUF file).
+Covers Qwen2 / Qwen2.5 (q/k/v bias, GQA, RoPE, RMSNorm, SwiGLU, tied or untied head), Qwen3's dense
+models (no bias; an RMSNorm over each head's query and key before RoPE; a head_dim of its own, not
+hidden_size / heads) and Llama-shaped models (no bias; SmolLM2, Llama-3.x with "llama3" RoPE
+scaling). Loads Hugging Face checkpoints (a local directory with config.json + safetensors, sharded
+or not, a hub name, or a GGUF file).
 
 Calling the model on ids [B, T] returns logits [B, T, vocab]. Incremental decoding: pass a KVCache
 and `cache_index` (the cache slot of ids[:, 0]); the new keys/values are written at
@@ -11,8 +12,9 @@ slots cache_index .. cache_index+T-1 and each query attends to cache slots <= it
 Ragged batches are left-padded: `attention_mask` [B, S] marks real key slots (S = T without a
 cache, S = cache length with one) and positions default to the count of real tokens before each one.
 
-LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives back
-the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint, adapters folded in.
+LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives
+back the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint,
+adapters folded in.
 """
 import copy
 import dataclasses
@@ -30,7 +32,8 @@ from torch.utils.checkpoint import checkpoint
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 HF_NAMES = {"embed_tokens": "embed", "self_attn": "attn", "input_layernorm": "attn_norm",
-            "post_attention_layernorm": "mlp_norm"}  # Hugging Face parameter-name parts -> this file's
+            # Hugging Face parameter-name parts -> this file's
+            "post_attention_layernorm": "mlp_norm"}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -45,86 +48,108 @@ class ModelConfig:
     ffn_dim: int = 4864
     max_seq_len: int = 32768
     rope_theta: float = 1000000.0
-    rope_scaling: dict | None = None  # only {"rope_type": "llama3", ...} (Llama-3.1/3.2) is supported
+    # only {"rope_type": "llama3", ...} (Llama-3.1/3.2) is supported
+    rope_scaling: dict | None = None
     norm_eps: float = 1e-6
     qkv_bias: bool = True  # Qwen2 has q/k/v biases, Qwen3 and Llama do not
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's query and key, before RoPE
     tie_embeddings: bool = True
 
     def __post_init__(self):
-        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "max_seq_len")
+        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
+                 "max_seq_len")
         wrong = [f"{name}={getattr(self, name)!r}" for name in sizes
                  if type(getattr(self, name)) is not int or getattr(self, name) < 1]
         if wrong:
             raise ValueError(f"model sizes must be whole numbers >= 1, got {', '.join(wrong)}")
         if self.head_dim % 2 or not (self.rope_theta > 0 and self.norm_eps > 0):
-            raise ValueError(f"need an even head_dim (RoPE rotates pairs), rope_theta > 0 and norm_eps > 0, got "
-                             f"{self.head_dim}, {self.rope_theta}, {self.norm_eps}")
+            raise ValueError("need an even head_dim (RoPE rotates pairs), rope_theta > 0 and "
+                             f"norm_eps > 0, got {self.head_dim}, {self.rope_theta}, "
+                             f"{self.norm_eps}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of "
+                             f"n_kv_heads={self.n_kv_heads}")
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type") != "llama3":
-            raise ValueError(f"unsupported rope_scaling {self.rope_scaling}: only rope_type 'llama3' is implemented")
+            raise ValueError(f"unsupported rope_scaling {self.rope_scaling}: only rope_type "
+                             "'llama3' is implemented")
 
     def check_context(self, prompts: list[list[int]], max_new_tokens: int):
-        """A ValueError unless each prompt plus max_new_tokens fits the model's positions; it names the longest."""
+        """A ValueError unless each prompt plus max_new_tokens fits the model's positions; it names
+        the longest."""
         longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
         if len(prompts[longest]) + max_new_tokens > self.max_seq_len:
-            raise ValueError(f"prompt #{longest} is {len(prompts[longest])} tokens; with max_new_tokens="
-                             f"{max_new_tokens} that is {len(prompts[longest]) + max_new_tokens}, longer than the "
-                             f"model's context of {self.max_seq_len} tokens: lower max_new_tokens or use shorter "
-                             "prompts")
+            raise ValueError(f"prompt #{longest} is {len(prompts[longest])} tokens; with "
+                             f"max_new_tokens={max_new_tokens} that is "
+                             f"{len(prompts[longest]) + max_new_tokens}, longer than the model's "
+                             f"context of {self.max_seq_len} tokens: lower max_new_tokens or use "
+                             "shorter prompts")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
-        """Translate a Hugging Face config.json dict; refuse anything that is not Qwen2/Llama-shaped."""
+        """Translate a Hugging Face config.json dict; refuse anything that is not
+        Qwen2/Llama-shaped."""
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
-                f"model.py supports Qwen2/Qwen2.5 (model_type 'qwen2'), Qwen3's dense models (model_type 'qwen3') and "
-                f"Llama-family checkpoints (model_type 'llama': Llama, SmolLM2); got model_type {model_type!r} "
-                f"(architectures {hf.get('architectures')})")
+                "model.py supports Qwen2/Qwen2.5 (model_type 'qwen2'), Qwen3's dense models "
+                "(model_type 'qwen3') and Llama-family checkpoints (model_type 'llama': Llama, "
+                f"SmolLM2); got model_type {model_type!r} (architectures "
+                f"{hf.get('architectures')})")
         if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: model.py implements SwiGLU (silu)")
+            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: model.py implements "
+                             "SwiGLU (silu)")
         sliding = hf.get("use_sliding_window") or any(kind != "full_attention" for kind in hf.get("layer_types") or [])
         if sliding or hf.get("attention_bias") or hf.get("mlp_bias"):
-            raise ValueError("sliding-window attention, attention_bias (Llama, Qwen3) and mlp_bias are not "
-                             "implemented")
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})  # transformers 5 / 4 layouts
+            raise ValueError("sliding-window attention, attention_bias (Llama, Qwen3) and "
+                             "mlp_bias are not implemented")
+        # transformers 5 / 4 layouts
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         n_heads = hf["num_attention_heads"]
         return cls(
             vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
             n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, ffn_dim=hf["intermediate_size"],
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+                   ffn_dim=hf["intermediate_size"],
             max_seq_len=hf.get("max_position_embeddings", 32768), rope_theta=float(theta),
             rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
-            norm_eps=hf.get("rms_norm_eps", 1e-6), qkv_bias=model_type == "qwen2", qk_norm=model_type == "qwen3",
+            norm_eps=hf.get("rms_norm_eps", 1e-6), qkv_bias=model_type == "qwen2",
+                   qk_norm=model_type == "qwen3",
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
     def to_hf(self, dtype: torch.dtype) -> dict:
         """The config.json dict from which transformers builds this model (the inverse of from_hf).
 
-        The rope keys use the transformers-4 layout (rope_theta, rope_scaling), which transformers 5 and vLLM read too.
+        The rope keys use the transformers-4 layout (rope_theta, rope_scaling), which transformers 5
+        and vLLM read too.
         """
         model_type = "qwen3" if self.qk_norm else "qwen2" if self.qkv_bias else "llama"
-        architecture = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+        architecture = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                        "llama": "LlamaForCausalLM"}
         return {
-            "architectures": [architecture[model_type]], "model_type": model_type, "vocab_size": self.vocab_size,
-            "hidden_size": self.dim, "intermediate_size": self.ffn_dim, "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads, "head_dim": self.head_dim,
-            "hidden_act": "silu", "max_position_embeddings": self.max_seq_len, "rope_theta": self.rope_theta,
+            "architectures": [architecture[model_type]], "model_type": model_type,
+                "vocab_size": self.vocab_size,
+            "hidden_size": self.dim, "intermediate_size": self.ffn_dim,
+                "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
+                "head_dim": self.head_dim,
+            "hidden_act": "silu", "max_position_embeddings": self.max_seq_len,
+                "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling, "rms_norm_eps": self.norm_eps,
-            "tie_word_embeddings": self.tie_embeddings, "torch_dtype": str(dtype).removeprefix("torch.")}
+            "tie_word_embeddings": self.tie_embeddings,
+                "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2] in fp32, with Llama-3's long-context rescaling when configured."""
+    """Inverse frequencies [head_dim/2] in fp32, with Llama-3's long-context rescaling when
+    configured."""
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     if config.rope_scaling is None:
         return inv_freq
-    s = config.rope_scaling  # llama3: divide low frequencies by `factor`, interpolate the band between
+    # llama3: divide low frequencies by `factor`, interpolate the band between
+    s = config.rope_scaling
     low_wavelen = s["original_max_position_embeddings"] / s["low_freq_factor"]
     high_wavelen = s["original_max_position_embeddings"] / s["high_freq_factor"]
     wavelen = 2 * math.pi / inv_freq
@@ -137,7 +162,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; cos/sin [B, 1, T, D]. Rotates the two halves of each head (the HF/Qwen layout)."""
+    """x [B, H, T, D]; cos/sin [B, 1, T, D]. Rotates the two halves of each head (the HF/Qwen
+    layout)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -149,17 +175,20 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalise in fp32, scale in the input dtype (the weight too, so that fp32 master weights under autocast
-        # compute as their bf16 copy does): the order the checkpoints were trained with
+        # normalise in fp32, scale in the input dtype (the weight too, so that fp32 master weights
+        # under autocast compute as their bf16 copy does): the order the checkpoints were trained
+        # with
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight.to(x.dtype) * xf.to(x.dtype)
 
 
 class KVCache:
-    """Preallocated keys/values [n_layers, B, n_kv_heads, max_len, head_dim]; slots are written in place."""
+    """Preallocated keys/values [n_layers, B, n_kv_heads, max_len, head_dim]; slots are written in
+    place."""
 
-    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, device=None,
+                 dtype=torch.float32):
         shape = (config.n_layers, batch_size, config.n_kv_heads, max_len, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -183,8 +212,10 @@ class Attention(nn.Module):
         self.layer, self.n_heads, self.n_kv_heads = layer, config.n_heads, config.n_kv_heads
         self.head_dim = config.head_dim
         self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim,
+                                bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim,
+                                bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
         if config.qk_norm:  # Qwen3
             self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
@@ -203,23 +234,27 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer, k, v, slots)
         group = self.n_heads // self.n_kv_heads
         if T == 1 and group > 1:
-            # one decode step: fold each kv head's query group into the query axis, so no kv copy is made
+            # one decode step: fold each kv head's query group into the query axis, so no kv copy is
+            # made
             q = q.view(B, self.n_kv_heads, group, self.head_dim)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             y = y.reshape(B, self.n_heads, 1, self.head_dim)
         else:
             k, v, gqa = attention_kv(k, v, group, mask is not None, x.device.type)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 def attention_kv(k, v, group: int, masked: bool, device_type: str):
-    """The keys and values SDPA gets for a multi-token call, and whether SDPA broadcasts grouped (GQA) kv heads
-    itself. On CUDA under a mask no fused kernel takes grouped heads (flash takes no mask, memory-efficient no GQA
-    broadcast; cuDNN is off, set_attention_backends), so SDPA would fall back to its math backend and materialise fp32
-    scores [B, heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is repeated for its query group
-    instead, which reaches the memory-efficient kernel for one layer's repeated K and V. On the CPU the forward is the
-    same either way, but the backward's K/V gradient sums would round differently: broadcasting is kept there."""
+    """The keys and values SDPA gets for a multi-token call, and whether SDPA broadcasts grouped
+    (GQA) kv heads itself. On CUDA under a mask no fused kernel takes grouped heads (flash takes no
+    mask, memory-efficient no GQA broadcast; cuDNN is off, set_attention_backends), so SDPA would
+    fall back to its math backend and materialise fp32 scores [B, heads, T, S], 37 GB at
+    configs/math.py's longest prefill: each kv head is repeated for its query group instead, which
+    reaches the memory-efficient kernel for one layer's repeated K and V. On the CPU the forward is
+    the same either way, but the backward's K/V gradient sums would round differently: broadcasting
+    is kept there."""
     if group > 1 and masked and device_type == "cuda":
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
     return k, v, group > 1
@@ -250,10 +285,12 @@ class Block(nn.Module):
 
 
 class LoRALinear(nn.Module):
-    """nn.Linear plus a trainable low-rank update (LoRA): y = x W^T + b + (alpha / rank) * dropout(x) A^T B^T.
+    """nn.Linear plus a trainable low-rank update (LoRA): y = x W^T + b + (alpha / rank) *
+    dropout(x) A^T B^T.
 
-    Holds the very weight/bias Parameters of the Linear it replaces, under the same state_dict names, with
-    lora_A [rank, in] and lora_B [out, rank] beside them. B starts at 0, so the output starts as the base's.
+    Holds the very weight/bias Parameters of the Linear it replaces, under the same state_dict
+    names, with lora_A [rank, in] and lora_B [out, rank] beside them. B starts at 0, so the output
+    starts as the base's.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
@@ -262,11 +299,13 @@ class LoRALinear(nn.Module):
         like = dict(device=base.weight.device, dtype=base.weight.dtype)
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **like))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **like))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own init, as the LoRA authors do
+        # nn.Linear's own init, as the LoRA authors do
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.scale = alpha / rank
         self.dropout = nn.Dropout(dropout)
         self.enabled = True  # False: exactly the base layer (the reference model)
-        self.register_buffer("merged_weight", None, persistent=False)  # W + delta, set by Transformer.merge_lora
+        # W + delta, set by Transformer.merge_lora
+        self.register_buffer("merged_weight", None, persistent=False)
 
     def delta(self) -> torch.Tensor:
         """The update to the weight, (alpha / rank) * B A [out, in]."""
@@ -277,7 +316,8 @@ class LoRALinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if self.merged_weight is not None:
             if torch.is_grad_enabled() and self.lora_A.requires_grad:
-                raise RuntimeError("LoRA weights are merged (a snapshot for sampling): unmerge_lora() before training")
+                raise RuntimeError("LoRA weights are merged (a snapshot for sampling): "
+                                   "unmerge_lora() before training")
             return F.linear(x, self.merged_weight, self.bias)
         return F.linear(x, self.weight, self.bias) + self.scale * F.linear(F.linear(self.dropout(x), self.lora_A),
                                                                            self.lora_B)
@@ -294,7 +334,8 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
-        self.grad_checkpointing = False  # recompute each block in backward: trades ~30% time for activations
+        # recompute each block in backward: trades ~30% time for activations
+        self.grad_checkpointing = False
         self.apply(self._init_weights)
 
     @staticmethod
@@ -314,18 +355,22 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())  # parameters() counts a tied matrix once
 
     def add_lora(self, rank: int, alpha: float, dropout: float = 0.0,
-                 targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> "Transformer":
-        """Freeze every weight and wrap each `targets` projection of every block in a LoRALinear: the adapters
-        (lora_A, lora_B; scale alpha / rank) are then the only trainable parameters. Returns self.
+                 targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj",
+                                             "o_proj")) -> "Transformer":
+        """Freeze every weight and wrap each `targets` projection of every block in a LoRALinear:
+        the adapters (lora_A, lora_B; scale alpha / rank) are then the only trainable parameters.
+        Returns self.
 
-        Base weights keep their state_dict names, so a pretrained state_dict still loads after this (strict=False
-        leaves the adapters as they are), and a checkpoint of this model loads strictly into one built by the
-        same add_lora call.
+        Base weights keep their state_dict names, so a pretrained state_dict still loads after this
+        (strict=False leaves the adapters as they are), and a checkpoint of this model loads
+        strictly into one built by the same add_lora call.
         """
         if not targets or not set(targets) <= set(LORA_TARGETS):
-            raise ValueError(f"LoRA targets must be a non-empty subset of {LORA_TARGETS}; got {targets}")
+            raise ValueError(f"LoRA targets must be a non-empty subset of {LORA_TARGETS}; got "
+                             f"{targets}")
         if rank < 1 or alpha <= 0 or not 0 <= dropout < 1:
-            raise ValueError(f"need LoRA rank >= 1, alpha > 0, 0 <= dropout < 1; got {rank}, {alpha}, {dropout}")
+            raise ValueError(f"need LoRA rank >= 1, alpha > 0, 0 <= dropout < 1; got {rank}, "
+                             f"{alpha}, {dropout}")
         if any(isinstance(m, LoRALinear) for m in self.modules()):
             raise ValueError("this model already has LoRA adapters")
         self.requires_grad_(False)
@@ -333,7 +378,8 @@ class Transformer(nn.Module):
             for parent in (block.attn, block.mlp):
                 for name in targets:
                     if hasattr(parent, name):
-                        setattr(parent, name, LoRALinear(getattr(parent, name), rank, alpha, dropout))
+                        setattr(parent, name,
+                                LoRALinear(getattr(parent, name), rank, alpha, dropout))
         return self
 
     def _lora_layers(self) -> list[LoRALinear]:
@@ -343,13 +389,14 @@ class Transformer(nn.Module):
         return layers
 
     def frozen_copy(self, dtype) -> "Transformer":
-        """A copy in dtype that never trains: the sampler's bf16 copy on GPU, the KL's reference model."""
+        """A copy in dtype that never trains: the sampler's bf16 copy on GPU, the KL's reference
+        model."""
         return copy.deepcopy(self).to(dtype=dtype).eval().requires_grad_(False)
 
     @contextmanager
     def adapters_disabled(self):
-        """Inside `with model.adapters_disabled():` the forward is exactly the base model's, bit for bit (merged or
-        not): the GRPO reference policy with no second copy of the weights."""
+        """Inside `with model.adapters_disabled():` the forward is exactly the base model's, bit for
+        bit (merged or not): the GRPO reference policy with no second copy of the weights."""
         layers = self._lora_layers()
         previous = [layer.enabled for layer in layers]
         for layer in layers:
@@ -362,23 +409,25 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def merge_lora(self):
-        """Keep W + alpha / rank * B A beside each adapted weight and run the forward on it: the same function at
-        the plain model's cost, for sampling. Costs one extra copy of the adapted weights; the base weights are not
-        touched (an in-place W += BA, W -= BA would move them by a rounding each cycle), so state_dict() and
-        adapters_disabled() stay exact. The merged weights are a snapshot: unmerge_lora() before training again."""
+        """Keep W + alpha / rank * B A beside each adapted weight and run the forward on it: the
+        same function at the plain model's cost, for sampling. Costs one extra copy of the adapted
+        weights; the base weights are not touched (an in-place W += BA, W -= BA would move them by a
+        rounding each cycle), so state_dict() and adapters_disabled() stay exact. The merged weights
+        are a snapshot: unmerge_lora() before training again."""
         for layer in self._lora_layers():
             layer.merged_weight = layer.weight + layer.delta()
 
     def unmerge_lora(self):
-        """Drop the merged weights: the forward adds the adapters again, so it follows their training."""
+        """Drop the merged weights: the forward adds the adapters again, so it follows their
+        training."""
         for layer in self._lora_layers():
             layer.merged_weight = None
 
     @contextmanager
     def lora_merged(self):
-        """`with model.lora_merged():` runs the forward on merged weights (merge_lora, then unmerge_lora): sampling
-        at the plain model's cost, measured 1.15-1.34x faster than live adapters on CPU. A model without adapters
-        is used as it is."""
+        """`with model.lora_merged():` runs the forward on merged weights (merge_lora, then
+        unmerge_lora): sampling at the plain model's cost, measured 1.15-1.34x faster than live
+        adapters on CPU. A model without adapters is used as it is."""
         merge = any(isinstance(m, LoRALinear) for m in self.modules())
         if merge:
             self.merge_lora()
@@ -390,27 +439,31 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def merged_state_dict(self) -> dict:
-        """This model's weights as a plain (LoRA-free) Transformer's state_dict, each adapter folded into its
-        weight; the live model is not changed (folded weights are new tensors, the others are shared)."""
-        state = {name: t for name, t in self.state_dict().items() if not name.rsplit(".", 1)[-1].startswith("lora_")}
+        """This model's weights as a plain (LoRA-free) Transformer's state_dict, each adapter folded
+        into its weight; the live model is not changed (folded weights are new tensors, the others
+        are shared)."""
+        state = {name: t for name,
+                 t in self.state_dict().items() if not name.rsplit(".", 1)[-1].startswith("lora_")}
         for name, module in self.named_modules():
             if isinstance(module, LoRALinear):
                 state[name + ".weight"] = module.weight + module.delta()
         return state
 
     def save_pretrained(self, out_dir: str, tokenizer=None):
-        """Write a Hugging Face checkpoint that transformers' AutoModelForCausalLM (and from_pretrained here) loads:
-        config.json (model_type qwen3 with q/k norms, qwen2 with q/k/v biases, else llama) and model.safetensors in the
-        weights' dtype, LoRA adapters folded in (the live model is not changed); a tied head is stored once, as
-        the embedding. config.json takes bos/eos/pad_token_id from `tokenizer` (null without one, not Llama's
-        defaults), and the tokenizer's files are written beside the weights with its own save_pretrained (for
+        """Write a Hugging Face checkpoint that transformers' AutoModelForCausalLM (and
+        from_pretrained here) loads: config.json (model_type qwen3 with q/k norms, qwen2 with q/k/v
+        biases, else llama) and model.safetensors in the weights' dtype, LoRA adapters folded in
+        (the live model is not changed); a tied head is stored once, as the embedding. config.json
+        takes bos/eos/pad_token_id from `tokenizer` (null without one, not Llama's defaults), and
+        the tokenizer's files are written beside the weights with its own save_pretrained (for
         template.CharTokenizer a marker file, which template.load_tokenizer reads back).
         """
         from safetensors.torch import save_file  # installed with transformers
         os.makedirs(out_dir, exist_ok=True)
         state = _to_hf_names(self.merged_state_dict(), self.config)
         weights = os.path.join(out_dir, "model.safetensors")
-        save_file({name: t.contiguous().cpu() for name, t in state.items()}, weights, metadata={"format": "pt"})
+        save_file({name: t.contiguous().cpu() for name, t in state.items()}, weights,
+                  metadata={"format": "pt"})
         if hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(out_dir)
         hf_config = self.config.to_hf(self.embed.weight.dtype)
@@ -418,14 +471,17 @@ class Transformer(nn.Module):
         hf_config.update({key: getattr(tokenizer, key, None) for key in special_ids})
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
-        shutil.copymode(f.name, weights)  # safetensors writes 0600; the export's other files follow the umask
+        # safetensors writes 0600; the export's other files follow the umask
+        shutil.copymode(f.name, weights)
 
-    def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0, return_hidden=False):
+    def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0,
+                return_hidden=False):
         """ids [B, T] -> logits [B, T, vocab] (or the final normed hidden states [B, T, dim]).
 
-        positions [B, T]: RoPE positions; default: real tokens counted from 0 (left padding skipped).
-        attention_mask [B, S] (bool/0-1): real key slots; S = T, or cache.max_len with a cache.
-        cache, cache_index (int or 0-d LongTensor): write k/v at slots cache_index.., attend to slots <= own.
+        positions [B, T]: RoPE positions; default: real tokens counted from 0 (left padding
+        skipped). attention_mask [B, S] (bool/0-1): real key slots; S = T, or cache.max_len with a
+        cache. cache, cache_index (int or 0-d LongTensor): write k/v at slots cache_index.., attend
+        to slots <= own.
         """
         B, T = ids.shape
         device = ids.device
@@ -445,15 +501,20 @@ class Transformer(nn.Module):
             key_slots = slots
         mask = None
         if attention_mask is not None:
-            # causal AND real key; a query may always see itself so padded rows never softmax over nothing
+            # causal AND real key; a query may always see itself so padded rows never softmax over
+            # nothing
             causal = key_slots[None, :] <= slots[:, None]
-            mask = (causal & attention_mask.view(-1, 1, key_slots.numel())) | (key_slots[None, :] == slots[:, None])
+            mask = (causal & attention_mask.view(-1, 1,
+                                                 key_slots.numel())) | (key_slots[None, :] == slots[:, None])
             mask = mask.view(-1, 1, T, key_slots.numel())
-        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2] in fp32, as the checkpoints do
+        # [B, T, D/2] in fp32, as the checkpoints do
+        freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         x = self.embed(ids)
-        if torch.is_autocast_enabled(x.device.type):  # the residual stream, norms and RoPE in the autocast dtype, as
-            x = x.to(torch.get_autocast_dtype(x.device.type))  # in the bf16 sampler and reference: one numerics
+        # the residual stream, norms and RoPE in the autocast dtype, as
+        if torch.is_autocast_enabled(x.device.type):
+            # in the bf16 sampler and reference: one numerics
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         for block in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
@@ -464,30 +525,36 @@ class Transformer(nn.Module):
         return x if return_hidden else self.lm_head(x)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype=torch.float32, device=None, gguf_file=None) -> "Transformer":
-        """Load a Hugging Face Qwen2/Llama checkpoint: a local dir, a hub name, or `gguf_file` in that dir/repo."""
+    def from_pretrained(cls, name_or_path: str, dtype=torch.float32, device=None,
+                        gguf_file=None) -> "Transformer":
+        """Load a Hugging Face Qwen2/Llama checkpoint: a local dir, a hub name, or `gguf_file` in
+        that dir/repo."""
         if gguf_file is not None:
-            from transformers import AutoModelForCausalLM  # transformers dequantizes GGUF with the `gguf` package
-            hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, gguf_file=gguf_file, dtype=torch.float32)
+            # transformers dequantizes GGUF with the `gguf` package
+            from transformers import AutoModelForCausalLM
+            hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, gguf_file=gguf_file,
+                                                            dtype=torch.float32)
             return cls.from_hf_model(hf_model, dtype=dtype, device=device)
         if os.path.isdir(name_or_path):
             path = name_or_path
         elif name_or_path.startswith((os.sep, ".", "~")) or name_or_path.count("/") != 1:
-            raise FileNotFoundError(f"model {name_or_path!r}: no such directory (and not a hub name like "
-                                    "'Qwen/Qwen2.5-0.5B')")
+            raise FileNotFoundError(f"model {name_or_path!r}: no such directory (and not a hub "
+                                    "name like 'Qwen/Qwen2.5-0.5B')")
         else:
             path = _download(name_or_path)
         config_file = os.path.join(path, "config.json")
         if not os.path.isfile(config_file):
             raise FileNotFoundError(f"{config_file} not found: not a Hugging Face model directory")
         with open(config_file) as f:
-            config = ModelConfig.from_hf(json.load(f))  # validate the architecture before reading gigabytes
+            # validate the architecture before reading gigabytes
+            config = ModelConfig.from_hf(json.load(f))
         return cls._from_state(config, _read_safetensors(path), dtype, device)
 
     @classmethod
     def from_hf_model(cls, hf_model, dtype=torch.float32, device=None) -> "Transformer":
         """Copy the weights of an in-memory transformers Qwen2ForCausalLM / LlamaForCausalLM."""
-        return cls._from_state(ModelConfig.from_hf(hf_model.config.to_dict()), hf_model.state_dict(), dtype, device)
+        return cls._from_state(ModelConfig.from_hf(hf_model.config.to_dict()),
+                               hf_model.state_dict(), dtype, device)
 
     @classmethod
     def _from_state(cls, config: ModelConfig, hf_state: dict, dtype, device) -> "Transformer":
@@ -496,20 +563,24 @@ class Transformer(nn.Module):
         return model.assign_state(_from_hf_names(hf_state, config)).to(device=device, dtype=dtype)
 
     def assign_state(self, state: dict) -> "Transformer":
-        """A model built on the meta device takes state's tensors as its own (strict: every one named, no copy), its
-        head tied again where the config ties it, and its RoPE frequencies made anew; returns self."""
+        """A model built on the meta device takes state's tensors as its own (strict: every one
+        named, no copy), its head tied again where the config ties it, and its RoPE frequencies made
+        anew; returns self."""
         self.load_state_dict(state, strict=True, assign=True)
         if self.config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.inv_freq = rope_inv_freq(self.config)  # buffers are not in the checkpoint: leave the meta device
+        # buffers are not in the checkpoint: leave the meta device
+        self.inv_freq = rope_inv_freq(self.config)
         return self
 
 
 def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """("auto" | "cuda" | "cpu", "auto" | "bfloat16" | "float32") -> (device, compute dtype); auto picks cuda when
-    available, and bf16 on cuda, fp32 on cpu (bf16 matmuls are slow on most CPUs)."""
+    """("auto" | "cuda" | "cpu", "auto" | "bfloat16" | "float32") -> (device, compute dtype); auto
+    picks cuda when available, and bf16 on cuda, fp32 on cpu (bf16 matmuls are slow on most
+    CPUs)."""
     if device not in ("auto", "cuda", "cpu") or dtype not in ("auto", "bfloat16", "float32"):
-        raise ValueError(f"device must be auto|cuda|cpu and dtype auto|bfloat16|float32, got {device!r}, {dtype!r}")
+        raise ValueError("device must be auto|cuda|cpu and dtype auto|bfloat16|float32, got "
+                         f"{device!r}, {dtype!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
     resolved = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
@@ -520,13 +591,13 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.dev
 
 
 def check_settings(cfg):
-    """A ValueError naming the key unless the model a train.py config names can be built: model_args (ModelConfig's
-    fields and sizes; vocab_size defaults to the tokenizer's) only for model="scratch", which needs a tokenizer; the
-    LoRA settings; device and dtype."""
+    """A ValueError naming the key unless the model a train.py config names can be built: model_args
+    (ModelConfig's fields and sizes; vocab_size defaults to the tokenizer's) only for
+    model="scratch", which needs a tokenizer; the LoRA settings; device and dtype."""
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     if set(cfg.model_args) - known:
-        raise ValueError(f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; ModelConfig has "
-                         f"{sorted(known)}")
+        raise ValueError(f"model_args has unknown key(s) {sorted(set(cfg.model_args) - known)}; "
+                         f"ModelConfig has {sorted(known)}")
     if cfg.model == "scratch":
         if not cfg.tokenizer:
             raise ValueError("model='scratch' needs a tokenizer, e.g. tokenizer='char'")
@@ -536,18 +607,21 @@ def check_settings(cfg):
     if cfg.lora_rank < 0:
         raise ValueError(f"lora_rank must be >= 0 (0 = no LoRA), got {cfg.lora_rank}")
     if cfg.lora_rank > 0 and not (cfg.lora_targets and set(cfg.lora_targets) <= set(LORA_TARGETS)):
-        raise ValueError(f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {cfg.lora_targets}")
+        raise ValueError(f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got "
+                         f"{cfg.lora_targets}")
     if not (cfg.lora_alpha > 0 and 0 <= cfg.lora_dropout < 1):
-        raise ValueError(f"need lora_alpha > 0 and 0 <= lora_dropout < 1, got {cfg.lora_alpha} and {cfg.lora_dropout}")
+        raise ValueError(f"need lora_alpha > 0 and 0 <= lora_dropout < 1, got {cfg.lora_alpha} and "
+                         f"{cfg.lora_dropout}")
     resolve_device(cfg.device, cfg.dtype)
 
 
 def set_attention_backends(device: torch.device):
-    """SDPA's backends for every program on this device (train.py, eval.py, tools/bench.py), so that their scores
-    agree: on CUDA, cuDNN attention off (flash and memory-efficient attention remain; attention_kv reaches the
-    latter under a mask). With torch >= 2.11 cuDNN is the default for masked bf16 attention, and its backward has
-    returned NaN in grad_q for GQA when a mask is passed, T % 128 == 64 and some attention row is extremely negative
-    (pytorch issue 196678); every training forward here passes a mask and T varies per micro-batch."""
+    """SDPA's backends for every program on this device (train.py, eval.py, tools/bench.py), so that
+    their scores agree: on CUDA, cuDNN attention off (flash and memory-efficient attention remain;
+    attention_kv reaches the latter under a mask). With torch >= 2.11 cuDNN is the default for
+    masked bf16 attention, and its backward has returned NaN in grad_q for GQA when a mask is
+    passed, T % 128 == 64 and some attention row is extremely negative (pytorch issue 196678); every
+    training forward here passes a mask and T varies per micro-batch."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
 
@@ -574,7 +648,8 @@ def _read_safetensors(path: str) -> dict:
 
 
 def _from_hf_names(state: dict, config: ModelConfig) -> dict:
-    """Rename Hugging Face parameter names to this file's (model.layers.3.self_attn.q_proj -> layers.3.attn.q_proj)."""
+    """Rename Hugging Face parameter names to this file's (model.layers.3.self_attn.q_proj ->
+    layers.3.attn.q_proj)."""
     out = {}
     for name, tensor in state.items():
         if name.endswith("rotary_emb.inv_freq"):
@@ -587,7 +662,8 @@ def _from_hf_names(state: dict, config: ModelConfig) -> dict:
 
 
 def _to_hf_names(state: dict, config: ModelConfig) -> dict:
-    """The inverse of _from_hf_names; a tied head is left out, as transformers re-ties it to the embedding."""
+    """The inverse of _from_hf_names; a tied head is left out, as transformers re-ties it to the
+    embedding."""
     ours_to_hf = {ours: hf for hf, ours in HF_NAMES.items()}
     out = {}
     for name, tensor in state.items():

@@ -1,16 +1,17 @@
 """
-What a run records, and where: the step's metrics, computed by the loop from what a step returns (step_record: every
-function of METRICS over the step's samples, then the step's own figures), the sample completions it shows, the
-progress bar's figures; the Tracker that writes them (out_dir/log.jsonl, eval.jsonl, samples.jsonl, Weights & Biases
-and TensorBoard when a config asks); and the curves drawn from the logs (plot_runs, out_dir/curves.png at a run's
-end). Nothing here runs inside a step.
+What a run records, and where: the step's metrics, computed by the loop from what a step returns
+(step_record: every function of METRICS over the step's samples, then the step's own figures), the
+sample completions it shows, the progress bar's figures; the Tracker that writes them
+(out_dir/log.jsonl, eval.jsonl, samples.jsonl, Weights & Biases and TensorBoard when a config asks);
+and the curves drawn from the logs (plot_runs, out_dir/curves.png at a run's end). Nothing here runs
+inside a step.
 
     python records.py out/demo                                        # writes out/demo/curves.png
     python records.py out/demo_grpo out/demo_rft --out compare.png    # several runs on one figure, a colour each
 
-The curves need matplotlib (`pip install matplotlib`); train.py draws them at the end of a run when it is installed.
-Where to add a logged metric: a function in METRICS; a yes/no property of a completion, logged as its rate: an
-entry of completion_flags.
+The curves need matplotlib (`pip install matplotlib`); train.py draws them at the end of a run when
+it is installed. Where to add a logged metric: a function in METRICS; a yes/no property of a
+completion, logged as its rate: an entry of completion_flags.
 """
 import argparse
 import json
@@ -30,36 +31,43 @@ from rewards import REFLECTION_MARKERS, reflects, reward_log_name, shows_work
 from rollout import Samples
 
 # -----------------------------------------------------------------------------
-# the step's metrics: step_record runs every function of METRICS on the step's samples (every rank's rows), then
-# adds what the post-sampling stage reported and the step's own figures; GRPO and the baselines log through it
+# the step's metrics: step_record runs every function of METRICS on the step's samples (every rank's
+# rows), then adds what the post-sampling stage reported and the step's own figures; GRPO and the
+# baselines log through it
 
 
 def completion_flags(template, reflection_markers: tuple = REFLECTION_MARKERS) -> dict:
-    """{name: flag(text) -> bool} for a template.Template: worked (rewards.shows_work: an arithmetic claim before the
-    think close tag) and reflect (rewards.reflects: a re-check phrase of reflection_markers there). Each is logged
-    as <name>_rate, and eval.py reports the accuracy of the completions with and without it."""
+    """{name: flag(text) -> bool} for a template.Template: worked (rewards.shows_work: an arithmetic
+    claim before the think close tag) and reflect (rewards.reflects: a re-check phrase of
+    reflection_markers there). Each is logged as <name>_rate, and eval.py reports the accuracy of
+    the completions with and without it."""
     return {"worked": lambda text: shows_work(text, template),
             "reflect": lambda text: reflects(text, template, reflection_markers)}
 
 
 def reward_metrics(samples: Samples, cfg, template) -> dict:
-    """The mean reward, and of each component: the rewards cfg weighs (by their log names) and the shaping terms."""
+    """The mean reward, and of each component: the rewards cfg weighs (by their log names) and the
+    shaping terms."""
     means = {"reward": statistics.fmean(samples.rewards)}
     for name, values in samples.components.items():
         if name in cfg.reward_weights:
             means[f"reward_{reward_log_name(name)}"] = statistics.fmean(values)
-    for name, values in samples.components.items():  # the rules are measured at weight 0 too: not logged then
+    # the rules are measured at weight 0 too: not logged then
+    for name, values in samples.components.items():
         if name not in cfg.reward_weights and name not in ("correctness", "format"):
             means[f"reward_{name}"] = statistics.fmean(values)
     if samples.claims:
-        means["process_reward"] = statistics.fmean(r for claims in samples.claims for _, r in claims)
+        means["process_reward"] = statistics.fmean(r for claims in samples.claims for _,
+                                                   r in claims)
     return means
 
 
 def accuracy_metrics(samples: Samples, cfg, template) -> dict:
-    """The share of correct completions, and of each completion flag (completion_flags) as <name>_rate."""
+    """The share of correct completions, and of each completion flag (completion_flags) as
+    <name>_rate."""
     flags = completion_flags(template, cfg.reflection_markers)
-    rates = {f"{name}_rate": statistics.fmean(map(flag, samples.texts)) for name, flag in flags.items()}
+    rates = {f"{name}_rate": statistics.fmean(map(flag, samples.texts)) for name,
+             flag in flags.items()}
     return {"accuracy": statistics.fmean(samples.components["correctness"]), **rates}
 
 
@@ -71,11 +79,12 @@ def length_metrics(samples: Samples, cfg, template) -> dict:
 
 
 def speed_metrics(samples: Samples, cfg, template) -> dict:
-    """Sampling speed, the seconds spent sampling and scoring, and on a GPU whether each fast path asked for decoded
-    the rollout (<key>_ran 1) or not (0: it fell back, sample.py said why, or it does not apply)."""
+    """Sampling speed, the seconds spent sampling and scoring, and on a GPU whether each fast path
+    asked for decoded the rollout (<key>_ran 1) or not (0: it fell back, sample.py said why, or it
+    does not apply)."""
     ran = {f"{key}_ran": int(used) for key, used in samples.fast_paths.items()}
-    return {"tokens_per_s": sum(samples.lengths) / samples.seconds_sampling, "time_sample": samples.seconds_sampling,
-            "time_reward": samples.seconds_scoring, **ran}
+    return {"tokens_per_s": sum(samples.lengths) / samples.seconds_sampling,
+            "time_sample": samples.seconds_sampling, "time_reward": samples.seconds_scoring, **ran}
 
 
 def group_metrics(samples: Samples, cfg, template) -> dict:
@@ -87,9 +96,10 @@ METRICS = (reward_metrics, accuracy_metrics, length_metrics, speed_metrics, grou
 
 
 def step_record(step: int, samples: Samples | None, stats: dict, cfg, template) -> dict:
-    """The log record of a step: {"step"}, then METRICS of every rank's samples (a collective under torchrun; None:
-    a step that sampled nothing, the SFT baselines), samples.stats, and the step's own stats; a NaN (the KL without a
-    reference) is logged as None. template: the run's template.Template (completion_flags reads its tags)."""
+    """The log record of a step: {"step"}, then METRICS of every rank's samples (a collective under
+    torchrun; None: a step that sampled nothing, the SFT baselines), samples.stats, and the step's
+    own stats; a NaN (the KL without a reference) is logged as None. template: the run's
+    template.Template (completion_flags reads its tags)."""
     record = {"step": step}
     if samples is not None:
         samples = all_samples(samples)
@@ -97,16 +107,19 @@ def step_record(step: int, samples: Samples | None, stats: dict, cfg, template) 
             record.update(metric(samples, cfg, template))
         record.update(samples.stats)
     record.update(stats)
-    return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in record.items()}
+    return {key: None if isinstance(value, float) and math.isnan(value) else value for key,
+            value in record.items()}
 
 
 def progress(record: dict, keys: tuple) -> dict:
-    """The progress bar's figures: the keys (cfg.progress_keys) that the record holds, each to 4 significant digits."""
+    """The progress bar's figures: the keys (cfg.progress_keys) that the record holds, each to 4
+    significant digits."""
     return {key: f"{record[key]:.4g}" for key in keys if record.get(key) is not None}
 
 
 def shown_samples(problems: list[dict], step: int, samples: Samples | None, G: int) -> list[dict]:
-    """The first completion of the step's first two groups, for samples.jsonl (none for a step that sampled none)."""
+    """The first completion of the step's first two groups, for samples.jsonl (none for a step that
+    sampled none)."""
     if samples is None:
         return []
     return [{"step": step, "question": problems[samples.problems[row]]["question"],
@@ -119,36 +132,41 @@ def shown_samples(problems: list[dict], step: int, samples: Samples | None, G: i
 
 
 class Tracker:
-    """Where a run's records go: out_dir/log.jsonl (a line per step), eval.jsonl (a line per held-out evaluation)
-    and samples.jsonl (a few completions every sample_every steps), and, when a config asks, Weights & Biases
-    (wandb_project = "NAME"; WANDB_MODE=offline logs with no network) and TensorBoard (tensorboard = True,
-    out_dir/tb); at a clean end, out_dir/curves.png (plot_run, when matplotlib is installed). Only rank 0 writes."""
+    """Where a run's records go: out_dir/log.jsonl (a line per step), eval.jsonl (a line per
+    held-out evaluation) and samples.jsonl (a few completions every sample_every steps), and, when a
+    config asks, Weights & Biases (wandb_project = "NAME"; WANDB_MODE=offline logs with no network)
+    and TensorBoard (tensorboard = True, out_dir/tb); at a clean end, out_dir/curves.png (plot_run,
+    when matplotlib is installed). Only rank 0 writes."""
 
     def __init__(self, cfg, run_id: str, step: int = 0):
-        """run_id: the run's own id (kept in its checkpoints), so a resumed run goes on in the same wandb run; step:
-        the step it resumes from. TensorBoard drops its points after that step (they are about to be redone); wandb
-        keeps them and ignores the redone steps, so after a crash between checkpoints its curves show the abandoned
-        attempt there (log.jsonl, eval.jsonl and TensorBoard show the redone steps)."""
+        """run_id: the run's own id (kept in its checkpoints), so a resumed run goes on in the same
+        wandb run; step: the step it resumes from. TensorBoard drops its points after that step
+        (they are about to be redone); wandb keeps them and ignores the redone steps, so after a
+        crash between checkpoints its curves show the abandoned attempt there (log.jsonl, eval.jsonl
+        and TensorBoard show the redone steps)."""
         self.out_dir, self.wandb, self.tensorboard = cfg.out_dir, None, None
         if rank() != 0:
             return
         if cfg.wandb_project:
             import wandb
-            self.wandb = wandb.init(project=cfg.wandb_project, name=os.path.basename(os.path.normpath(cfg.out_dir)),
+            self.wandb = wandb.init(project=cfg.wandb_project,
+                                    name=os.path.basename(os.path.normpath(cfg.out_dir)),
                                     id=run_id, resume="allow", config=vars(cfg), dir=cfg.out_dir)
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.tensorboard = SummaryWriter(os.path.join(cfg.out_dir, "tb"), purge_step=step + 1 if step else None)
+            self.tensorboard = SummaryWriter(os.path.join(cfg.out_dir, "tb"),
+                                             purge_step=step + 1 if step else None)
 
     def log(self, record: dict, file: str = "log.jsonl"):
-        """Append record ({"step": N, ...}) to out_dir/file, and its numbers to the trackers, under "train/" for
-        log.jsonl and "eval/" for eval.jsonl."""
+        """Append record ({"step": N, ...}) to out_dir/file, and its numbers to the trackers, under
+        "train/" for log.jsonl and "eval/" for eval.jsonl."""
         if rank() != 0:
             return
         with open(os.path.join(self.out_dir, file), "a") as f:
             f.write(json.dumps(record) + "\n")
         prefix = "eval/" if file == "eval.jsonl" else "train/"
-        numbers_only = {prefix + k: v for k, v in record.items() if k != "step" and isinstance(v, numbers.Real)}
+        numbers_only = {prefix + k: v for k,
+                        v in record.items() if k != "step" and isinstance(v, numbers.Real)}
         if self.wandb is not None:
             self.wandb.log(numbers_only, step=record["step"])
         if self.tensorboard is not None:
@@ -156,24 +174,26 @@ class Tracker:
                 self.tensorboard.add_scalar(key, value, record["step"])
 
     def samples(self, shown: list[dict]):
-        """Append a step's sample completions ({"step", "question", "gold", "completion", "reward"}) to
-        out_dir/samples.jsonl and print the first."""
+        """Append a step's sample completions ({"step", "question", "gold", "completion", "reward"})
+        to out_dir/samples.jsonl and print the first."""
         if rank() != 0 or not shown:
             return
         with open(os.path.join(self.out_dir, "samples.jsonl"), "a") as f:
             f.writelines(json.dumps(s) + "\n" for s in shown)
-        tqdm.write(f"step {shown[0]['step']} sample (reward {shown[0]['reward']:.2f}, gold {shown[0]['gold']}): "
-                   f"{shown[0]['completion'][:300]!r}")
+        tqdm.write(f"step {shown[0]['step']} sample (reward {shown[0]['reward']:.2f}, gold "
+                   f"{shown[0]['gold']}): {shown[0]['completion'][:300]!r}")
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         if self.wandb is not None:
-            self.wandb.finish(exit_code=1 if exc[0] is not None else 0)  # a crashed run shows as failed
+            # a crashed run shows as failed
+            self.wandb.finish(exit_code=1 if exc[0] is not None else 0)
         if self.tensorboard is not None:
             self.tensorboard.close()
-        if exc[0] is None and rank() == 0 and installed("matplotlib"):  # the curves: optional, a bonus
+        # the curves: optional, a bonus
+        if exc[0] is None and rank() == 0 and installed("matplotlib"):
             if path := plot_run(self.out_dir):
                 tqdm.write(f"curves: {path}")
 
@@ -194,8 +214,9 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
 
 
 def plot_runs(out_dirs: list[str], path: str = "") -> str:
-    """Draw the runs in out_dirs on one figure at path (default: the one run's out_dir/curves.png); returns the path.
-    One run draws every series; several draw each panel's first series per run, labelled by the run's directory."""
+    """Draw the runs in out_dirs on one figure at path (default: the one run's out_dir/curves.png);
+    returns the path. One run draws every series; several draw each panel's first series per run,
+    labelled by the run's directory."""
     try:
         import matplotlib
         matplotlib.use("Agg")  # files only: no display needed
@@ -203,12 +224,15 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
     except ImportError:
         raise SystemExit("the curves need matplotlib: pip install matplotlib") from None
     if not out_dirs or (len(out_dirs) > 1 and not path):
-        raise ValueError("give one run's out_dir, or several and the path of the figure (--out PATH)")
+        raise ValueError("give one run's out_dir, or several and the path of the figure (--out "
+                         "PATH)")
     runs = []
     for out_dir in out_dirs:
-        log, evals = read_log(os.path.join(out_dir, "log.jsonl")), read_log(os.path.join(out_dir, "eval.jsonl"))
+        log, evals = read_log(os.path.join(out_dir,
+                                           "log.jsonl")), read_log(os.path.join(out_dir, "eval.jsonl"))
         if not log and not evals:
-            raise FileNotFoundError(f"no log.jsonl or eval.jsonl in {out_dir}: is it a train.py out_dir?")
+            raise FileNotFoundError(f"no log.jsonl or eval.jsonl in {out_dir}: is it a train.py "
+                                    "out_dir?")
         runs.append((os.path.normpath(out_dir), log, evals))
 
     def series(rows, key):
@@ -216,13 +240,15 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
         return [s for s, _ in points], [v for _, v in points]
 
     fig, axes = plt.subplots(2, 4, figsize=(20, 7), sharex=True)
-    panels = [(axes[0, 0], "train reward", [("log", "accuracy", "correctness"), ("log", "reward", "total")]),
+    panels = [(axes[0, 0], "train reward",
+               [("log", "accuracy", "correctness"), ("log", "reward", "total")]),
               (axes[0, 1], "held-out pass@1 (greedy)", [("evals", "pass@1", "pass@1")]),
               (axes[0, 2], "response length (tokens)", [("log", "response_length", "mean"),
                                                         ("log", "response_length_max", "max")]),
               (axes[0, 3], "KL to reference (k3)", [("log", "kl", "kl")]),
               (axes[1, 0], "share of worked answers", [("log", "worked_rate", "sampled"),
-                                                       ("evals", "worked_rate", "held-out, greedy")]),
+                                                       ("evals", "worked_rate",
+                                                        "held-out, greedy")]),
               (axes[1, 1], "share re-checking (reflect_rate)", [("log", "reflect_rate", "sampled"),
                                                                 ("evals", "reflect_rate", "held-out, greedy")]),
               (axes[1, 2], "entropy (nats / token)", [("log", "entropy", "entropy")])]
@@ -238,7 +264,8 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
                 if source == "evals":
                     ax.plot(steps, values, marker="o", markersize=4, label=label, **style)
                     continue
-                # one step is one small batch: draw it faint, and a trailing mean over ~1/20 of the run on top
+                # one step is one small batch: draw it faint, and a trailing mean over ~1/20 of the
+                # run on top
                 line, = ax.plot(steps, values, alpha=0.25, **style)
                 window = max(1, len(values) // 20)
                 ax.plot(steps, trailing_mean(values, window), color=line.get_color(),
@@ -246,7 +273,8 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
         ax.set_title(title + (f" ({lines[0][2]})" if several and len(lines) > 1 else ""))
         ax.grid(alpha=0.3)
         if not ax.lines:  # e.g. no KL when beta = 0, no reward for a supervised baseline
-            ax.text(0.5, 0.5, "not in this run's logs", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "not in this run's logs", ha="center", va="center",
+                    transform=ax.transAxes)
         elif len(lines) > 1 or several:
             ax.legend(fontsize="small")
     for ax in axes[1]:
@@ -260,15 +288,16 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
 
 
 def plot_run(out_dir: str, path: str = "") -> str:
-    """Draw the run in out_dir to path (default out_dir/curves.png); returns the path, or "" for a run that has
-    logged nothing yet (no figure)."""
+    """Draw the run in out_dir to path (default out_dir/curves.png); returns the path, or "" for a
+    run that has logged nothing yet (no figure)."""
     if not any(read_log(os.path.join(out_dir, name)) for name in ("log.jsonl", "eval.jsonl")):
         return ""
     return plot_runs([out_dir], path)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dirs", nargs="+", help="train.py out_dir(s)")
     parser.add_argument("--out", default="", help="the figure's path (needed for several runs)")
     args = parser.parse_args()

@@ -1,9 +1,10 @@
 """
-The rewards of R1-Zero-style RL on math problems, rule-based: the final answer's correctness (read and compared by
-answers.py), the layout (format), and the arithmetic claims a solution makes along the way (the reasoning steps of
-process supervision); score_completions weighs them, and a config's own rewards (reward_models.py), per completion.
-Every rule leans towards 0.0 when in doubt: a false positive teaches the policy to cheat, a false negative only
-slows it down. Also here: the yes/no properties of a completion that the logs count (shows_work, reflects).
+The rewards of R1-Zero-style RL on math problems, rule-based: the final answer's correctness (read
+and compared by answers.py), the layout (format), and the arithmetic claims a solution makes along
+the way (the reasoning steps of process supervision); score_completions weighs them, and a config's
+own rewards (reward_models.py), per completion. Every rule leans towards 0.0 when in doubt: a false
+positive teaches the policy to cheat, a false negative only slows it down. Also here: the yes/no
+properties of a completion that the logs count (shows_work, reflects).
 """
 import bisect
 import inspect
@@ -13,41 +14,47 @@ import operator
 import os
 from types import MappingProxyType
 
-from answers import ANSWER_CHECKERS, answer_checker_of, extract_answer, is_equiv, leading_number  # noqa: F401
+# noqa: F401
+from answers import ANSWER_CHECKERS, answer_checker_of, extract_answer, is_equiv, leading_number
 from template import R1_ZERO, Template, template_of
 
 # -----------------------------------------------------------------------------
 # scoring a rollout: every reward a config weighs, on every completion
 
 
-def score_completions(completions: list[str], golds: list[str], truncated: list[bool], weights: dict[str, float],
-                      questions: list[str] | None = None, functions=None, template: Template = R1_ZERO,
+def score_completions(completions: list[str], golds: list[str], truncated: list[bool],
+                      weights: dict[str, float],
+                      questions: list[str] | None = None, functions=None,
+                      template: Template = R1_ZERO,
                       lengths: list[int] | None = None, max_new_tokens: int | None = None,
                       answer_checker: str | None = None) -> tuple[list[float], dict[str, list[float]]]:
     """
-    Weighted sum of rewards per completion: total_i = sum over names of weights[name] * reward_name(completion_i).
-    completions, golds, truncated (and questions, the problems' text; lengths, the completions' token counts):
-    equal-length sequences (N,); weights: {reward name: weight}, each name a built-in (REWARD_FUNCTIONS, called
-    directly) or a key of functions, the config's own rewards (reward_models.load_rewards) of either form:
+    Weighted sum of rewards per completion: total_i = sum over names of weights[name] *
+    reward_name(completion_i). completions, golds, truncated (and questions, the problems' text;
+    lengths, the completions' token counts): equal-length sequences (N,); weights: {reward name:
+    weight}, each name a built-in (REWARD_FUNCTIONS, called directly) or a key of functions, the
+    config's own rewards (reward_models.load_rewards) of either form:
       per completion  function(completion, gold) -> float
       batched         function(completions, golds, questions) -> N floats, marked by an attribute batched = True
-    Such a function may also read, by naming them as parameters (or all of them, with **kwargs), REWARD_INFO:
-    question, truncated (cut at max_new_tokens), length (tokens, stop token included), max_new_tokens, template
-    and answer_checker (None is "gsm8k"; a **kwargs function gets it only when it is given); batched ones
-    BATCHED_REWARD_INFO, with lists. E.g. def short(completion, gold, length, max_new_tokens): return 1 - length /
-    max_new_tokens. One that raises, returns a value that is not a finite number or the wrong number of values stops
-    here with a RuntimeError naming the reward and the completion.
-    Returns (totals: list of N floats, components: {name: list of N unweighted rewards}).
+    Such a function may also read, by naming them as parameters (or all of them, with **kwargs),
+    REWARD_INFO: question, truncated (cut at max_new_tokens), length (tokens, stop token included),
+    max_new_tokens, template and answer_checker (None is "gsm8k"; a **kwargs function gets it only
+    when it is given); batched ones BATCHED_REWARD_INFO, with lists. E.g. def short(completion,
+    gold, length, max_new_tokens): return 1 - length / max_new_tokens. One that raises, returns a
+    value that is not a finite number or the wrong number of values stops here with a RuntimeError
+    naming the reward and the completion. Returns (totals: list of N floats, components: {name: list
+    of N unweighted rewards}).
     """
     functions = functions or {}
     sizes = [len(x) for x in (completions, golds, truncated, questions, lengths) if x is not None]
     if len(set(sizes)) > 1:
-        raise ValueError(f"completions, golds, truncated (and questions, lengths) must have equal lengths, got {sizes}")
+        raise ValueError("completions, golds, truncated (and questions, lengths) must have equal "
+                         f"lengths, got {sizes}")
     checker = answer_checker or "gsm8k"
     own = [name for name in weights if name in functions]
     if own:
-        info, available = _reward_info(own, functions, truncated, questions, lengths, max_new_tokens, template,
-                                       answer_checker)
+        info, available = _reward_info(own, functions, truncated, questions, lengths,
+                                       max_new_tokens, template, answer_checker)
     components = {}
     for name in weights:
         rows = zip(completions, golds, truncated)
@@ -56,16 +63,18 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
         elif name == "format":
             components[name] = [format_reward(c, g, t, template) for c, g, t in rows]
         elif name in functions:
-            components[name] = _reward_values(name, functions[name], completions, golds, info, available)
+            components[name] = _reward_values(name, functions[name], completions, golds, info,
+                                              available)
         else:
             raise ValueError(f"unknown reward name {name!r}; known rewards are "
                              f"{sorted({*REWARD_FUNCTIONS, *functions})}")
     totals = [sum(weights[name] * components[name][i] for name in weights) for i in range(len(completions))]
     for i, total in enumerate(totals):
         if not math.isfinite(total):
-            raise RuntimeError(f"the weighted reward total is {total} for the completion {_shown(completions[i])}: "
-                               f"the rewards {({name: components[name][i] for name in weights})} with the weights "
-                               f"{weights} overflow; scale the rewards or the weights down")
+            raise RuntimeError(f"the weighted reward total is {total} for the completion "
+                               f"{_shown(completions[i])}: the rewards "
+                               f"{({name: components[name][i] for name in weights})} with the "
+                               f"weights {weights} overflow; scale the rewards or the weights down")
     return totals, components
 
 
@@ -76,15 +85,17 @@ def _shown(completion):
     return repr(completion if len(completion) <= SHOWN_CHARS else completion[:SHOWN_CHARS] + "...")
 
 
-# what a reward function may read beyond the completion and the gold answer, each by naming it as a parameter
-REWARD_INFO = ("question", "truncated", "length", "max_new_tokens", "template", "answer_checker")  # per completion
-BATCHED_REWARD_INFO = ("truncated", "lengths", "max_new_tokens", "template",  # batched, after (completions, golds,
+# what a reward function may read beyond the completion and the gold answer, each by naming it as a
+# parameter per completion
+REWARD_INFO = ("question", "truncated", "length", "max_new_tokens", "template", "answer_checker")
+# batched, after (completions, golds,
+BATCHED_REWARD_INFO = ("truncated", "lengths", "max_new_tokens", "template",
                        "answer_checker")  # questions)
 
 
 def reward_keywords(function, batched: bool, available=None) -> set[str]:
-    """The names of REWARD_INFO (batched: BATCHED_REWARD_INFO) that a reward function names as parameters; with
-    **kwargs it gets every one in available as well."""
+    """The names of REWARD_INFO (batched: BATCHED_REWARD_INFO) that a reward function names as
+    parameters; with **kwargs it gets every one in available as well."""
     known = BATCHED_REWARD_INFO if batched else REWARD_INFO
     parameters = inspect.signature(function).parameters.values()
     named = {p.name for p in parameters if p.name in known and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -95,7 +106,8 @@ def reward_keywords(function, batched: bool, available=None) -> set[str]:
 
 def _row(info, i, batched):
     """The REWARD_INFO values of completion i: lists for a batched reward run on that row alone."""
-    one = {"question": info["questions"][i], "truncated": info["truncated"][i], "length": info["lengths"][i]}
+    one = {"question": info["questions"][i], "truncated": info["truncated"][i],
+           "length": info["lengths"][i]}
     if batched:
         one = {"truncated": [one["truncated"]], "lengths": [one["length"]]}
     return {**info, **one}
@@ -110,9 +122,10 @@ def _raises_alone(function, completion, gold, question, row):
 
 
 def _reward_values(name, function, completions, golds, info, available):
-    """One reward's N values, each checked to be a finite number; a RuntimeError names the reward and the completion.
-    info: the batch's REWARD_INFO and BATCHED_REWARD_INFO values, lists for questions, truncated and lengths;
-    available: the names of those the caller gave (a **kwargs reward gets these)."""
+    """One reward's N values, each checked to be a finite number; a RuntimeError names the reward
+    and the completion. info: the batch's REWARD_INFO and BATCHED_REWARD_INFO values, lists for
+    questions, truncated and lengths; available: the names of those the caller gave (a **kwargs
+    reward gets these)."""
     batched = getattr(function, "batched", False)
     wanted = reward_keywords(function, batched, available)
     if batched:
@@ -120,14 +133,17 @@ def _reward_values(name, function, completions, golds, info, available):
             values = function(list(completions), list(golds), list(info["questions"]),
                               **{key: info[key] for key in wanted})
         except Exception as error:  # find the completion it fails on, to name it
-            culprit = next((c for i, (c, g, q) in enumerate(zip(completions, golds, info["questions"]))
-                            if _raises_alone(function, c, g, q, {k: _row(info, i, True)[k] for k in wanted})), None)
+            culprit = next((c for i,
+                            (c, g, q) in enumerate(zip(completions, golds, info["questions"]))
+                            if _raises_alone(function, c, g, q,
+                                             {k: _row(info, i, True)[k] for k in wanted})), None)
             where = f"on completion {_shown(culprit)}" if culprit is not None else \
                 f"on a batch of {len(completions)} completions (none fails alone; the first: {_shown(completions[0])})"
             raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} {where}") from error
         if not hasattr(values, "__len__") or len(values) != len(completions):
-            raise RuntimeError(f"reward {name!r} returned {values!r:.80} for {len(completions)} completions (the "
-                               f"first: {_shown(completions[0])}): a batched reward returns one value per completion")
+            raise RuntimeError(f"reward {name!r} returned {values!r:.80} for {len(completions)} "
+                               f"completions (the first: {_shown(completions[0])}): a batched "
+                               "reward returns one value per completion")
     else:
         values = []
         for i, (completion, gold) in enumerate(zip(completions, golds)):
@@ -135,65 +151,76 @@ def _reward_values(name, function, completions, golds, info, available):
             try:
                 values.append(function(completion, gold, **{key: row[key] for key in wanted}))
             except Exception as error:
-                raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} on completion "
-                                   f"{_shown(completion)}") from error
+                raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} on "
+                                   f"completion {_shown(completion)}") from error
     for value, completion in zip(values, completions):
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise RuntimeError(f"reward {name!r} returned {value!r} for completion {_shown(completion)}: a reward "
+            raise RuntimeError(f"reward {name!r} returned {value!r} for completion "
+                               f"{_shown(completion)}: a reward "
                                "must be a finite number")
     return [float(value) for value in values]
 
 
 
-def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens, template, answer_checker):
-    """What the config's own rewards may read (REWARD_INFO, lists for the batch), and the names of what the caller
-    gave; a ValueError when one of them reads something not given."""
+def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens, template,
+                 answer_checker):
+    """What the config's own rewards may read (REWARD_INFO, lists for the batch), and the names of
+    what the caller gave; a ValueError when one of them reads something not given."""
     n = len(truncated)
-    info = {"questions": list(questions) if questions is not None else None, "truncated": list(truncated),
-            "lengths": list(lengths) if lengths is not None else None, "max_new_tokens": max_new_tokens,
+    info = {"questions": list(questions) if questions is not None else None,
+            "truncated": list(truncated),
+            "lengths": list(lengths) if lengths is not None else None,
+            "max_new_tokens": max_new_tokens,
             "template": template, "answer_checker": answer_checker or "gsm8k"}
     for name in names:
         batched = getattr(functions[name], "batched", False)
         reads = reward_keywords(functions[name], batched) | ({"questions"} if batched else set())
-        for key, given in (("questions", "questions"), ("question", "questions"), ("length", "lengths"),
+        for key, given in (("questions", "questions"), ("question", "questions"),
+                           ("length", "lengths"),
                            ("lengths", "lengths"), ("max_new_tokens", "max_new_tokens")):
             if key in reads and info[given] is None:
-                raise ValueError(f"reward {name!r} reads the {key}: pass {given}= to score_completions")
-    available = {"truncated", "template", *(["question", "questions"] if questions is not None else []),
+                raise ValueError(f"reward {name!r} reads the {key}: pass {given}= to "
+                                 "score_completions")
+    available = {"truncated", "template",
+                 *(["question", "questions"] if questions is not None else []),
                  *(["length", "lengths"] if lengths is not None else []),
                  *(["max_new_tokens"] if max_new_tokens is not None else []),
                  *(["answer_checker"] if answer_checker is not None else [])}
-    return {**info, **{key: [None] * n for key in ("questions", "lengths") if info[key] is None}}, available
+    return {**info,
+            **{key: [None] * n for key in ("questions", "lengths") if info[key] is None}}, available
 
 
 # -----------------------------------------------------------------------------
 # the rule rewards: one signature (completion, gold, truncated=False, template=R1_ZERO) -> float
 
 
-def correctness_reward(completion: str, gold: str, truncated: bool = False, template: Template = R1_ZERO,
-                       answer_checker: str = "gsm8k") -> float:
-    """1.0 if the completion's final answer (extract_answer, in template's tags) equals gold (a final-answer string
-    like "1,600"), else 0.0. A truncated completion never finished its answer, so it earns nothing.
-    answer_checker (ANSWER_CHECKERS): "gsm8k" (the default: every form of extract_answer, rewards.is_equiv) or
-    "math" (MATH_FORMS, math_answers.is_equiv_math)."""
+def correctness_reward(completion: str, gold: str, truncated: bool = False,
+                       template: Template = R1_ZERO, answer_checker: str = "gsm8k") -> float:
+    """1.0 if the completion's final answer (extract_answer, in template's tags) equals gold (a
+    final-answer string like "1,600"), else 0.0. A truncated completion never finished its answer,
+    so it earns nothing. answer_checker (ANSWER_CHECKERS): "gsm8k" (the default: every form of
+    extract_answer, rewards.is_equiv) or "math" (MATH_FORMS, math_answers.is_equiv_math)."""
     if truncated:
         return 0.0
     forms, equiv = answer_checker_of(answer_checker)
     return 1.0 if equiv(extract_answer(completion, forms, template), gold) else 0.0
 
 
-def format_reward(completion: str, gold: str, truncated: bool = False, template: Template = R1_ZERO) -> float:
+def format_reward(completion: str, gold: str, truncated: bool = False,
+                  template: Template = R1_ZERO) -> float:
     """
-    1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>" by default, else 0.0:
-    each of the four tags exactly once and in that order, only whitespace before <think>, between </think> and
-    <answer>, and after </answer>; a non-empty answer. gold and truncated are ignored: layout is
-    judged on the text alone.
+    1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>" by default,
+    else 0.0: each of the four tags exactly once and in that order, only whitespace before <think>,
+    between </think> and <answer>, and after </answer>; a non-empty answer. gold and truncated are
+    ignored: layout is judged on the text alone.
     """
     (think_open, think_close), (answer_open, answer_close) = template.think, template.answer
-    if any(completion.count(tag) != 1 for tag in (think_open, think_close, answer_open, answer_close)):
+    if any(completion.count(tag) != 1 for tag in (think_open, think_close, answer_open,
+                                                  answer_close)):
         return 0.0
     before, _, rest = completion.partition(think_open)
-    _, think_closed, rest = rest.partition(think_close)  # each tag occurs once, so a miss means bad order
+    # each tag occurs once, so a miss means bad order
+    _, think_closed, rest = rest.partition(think_close)
     between, answer_opened, rest = rest.partition(answer_open)
     answer, answer_closed, after = rest.partition(answer_close)
     in_order = think_closed and answer_opened and answer_closed
@@ -205,14 +232,16 @@ REWARD_FUNCTIONS = MappingProxyType({"correctness": correctness_reward, "format"
 
 
 # -----------------------------------------------------------------------------
-# the rewards a config names (reward_weights' keys): the rules above, or one that reward_models.py loads
+# the rewards a config names (reward_weights' keys): the rules above, or one that reward_models.py
+# loads
 
 NAME_FORMS = "'FILE.py:FUNCTION', 'model:NAME', 'model:NAME:LABEL' or 'judge:NAME'"
 
 
 def parse_reward_name(name: str) -> tuple[str, str, str]:
     """A reward_weights key -> (kind, target, detail): ("rule", name, ""), ("file", path, function),
-    ("model", NAME, LABEL or ""), ("judge", NAME, ""); a ValueError lists the forms for anything else."""
+    ("model", NAME, LABEL or ""), ("judge", NAME, ""); a ValueError lists the forms for anything
+    else."""
     if name in REWARD_FUNCTIONS:
         return "rule", name, ""
     kind, _, rest = name.partition(":")
@@ -224,12 +253,14 @@ def parse_reward_name(name: str) -> tuple[str, str, str]:
     path, _, function = name.rpartition(":")
     if path.endswith(".py") and function.isidentifier():
         return "file", path, function
-    raise ValueError(f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, {NAME_FORMS}, got {name!r}")
+    raise ValueError(f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, "
+                     f"{NAME_FORMS}, got {name!r}")
 
 
 def reward_log_name(name: str) -> str:
-    """A short log key for a reward_weights key: "format", "my_reward" (file:function), "model_Skywork_Reward" or
-    "judge_Qwen2_5_7B_Instruct" (the model's last path part), letters, digits and "_" only."""
+    """A short log key for a reward_weights key: "format", "my_reward" (file:function),
+    "model_Skywork_Reward" or "judge_Qwen2_5_7B_Instruct" (the model's last path part), letters,
+    digits and "_" only."""
     kind, target, detail = parse_reward_name(name)
     if kind in ("rule", "file"):
         return detail or target
@@ -238,9 +269,11 @@ def reward_log_name(name: str) -> str:
 
 
 def check_reward_names(names) -> None:
-    """Every key well formed, every FILE.py present, no two keys logged under the same name; before any loading."""
+    """Every key well formed, every FILE.py present, no two keys logged under the same name; before
+    any loading."""
     if not names:
-        raise ValueError(f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, {NAME_FORMS}; got none")
+        raise ValueError(f"reward_weights must name rewards from {sorted(REWARD_FUNCTIONS)}, "
+                         f"{NAME_FORMS}; got none")
     for name in names:
         kind, target, _ = parse_reward_name(name)
         if kind == "file" and not os.path.isfile(target):
@@ -248,14 +281,16 @@ def check_reward_names(names) -> None:
     logged = [reward_log_name(name) for name in names]
     clashes = sorted({log for log in logged if logged.count(log) > 1})
     if clashes:
-        raise ValueError(f"reward_weights keys {sorted(names)} would share the log name(s) {clashes}")
+        raise ValueError(f"reward_weights keys {sorted(names)} would share the log name(s) "
+                         f"{clashes}")
 
 
 
 def check_settings(cfg):
-    """A ValueError naming the key unless a config's rewards can run: reward_weights (known forms, files present,
-    finite weights, distinct log names), answer_checker, reflection_markers (words: reflects matches whole words),
-    and a template whose completions the rules can read (check_template)."""
+    """A ValueError naming the key unless a config's rewards can run: reward_weights (known forms,
+    files present, finite weights, distinct log names), answer_checker, reflection_markers (words:
+    reflects matches whole words), and a template whose completions the rules can read
+    (check_template)."""
     check_reward_names(cfg.reward_weights)
     if not all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()):
         raise ValueError(f"reward_weights must be finite numbers, got {cfg.reward_weights}")
@@ -266,15 +301,15 @@ def check_settings(cfg):
     if not (isinstance(markers, (tuple, list)) and len(markers) > 0 and all(
             isinstance(m, str) and m.strip() == m and m and "  " not in m and all(c.isalnum() or c in "- " for c in m)
             for m in markers)):
-        raise ValueError(f"reflection_markers must be words or phrases (letters, digits, hyphens and single spaces: "
-                         f"rewards.reflects matches whole words), got {markers}")
+        raise ValueError("reflection_markers must be words or phrases (letters, digits, hyphens "
+                         f"and single spaces: rewards.reflects matches whole words), got {markers}")
     check_template(template_of(cfg.template), cfg.answer_checker)
 
 
 def check_template(template: Template, answer_checker: str = "gsm8k"):
-    """A ValueError unless the rules read completions written in template: a worked and an answer-only target in its
-    tags get the format reward, the correctness reward for their answer only (read by answer_checker) and (the
-    worked one) shows_work."""
+    """A ValueError unless the rules read completions written in template: a worked and an
+    answer-only target in its tags get the format reward, the correctness reward for their answer
+    only (read by answer_checker) and (the worked one) shows_work."""
     worked = template.prefix + template.target_text("3+4=7\n", "7")
     direct = template.prefix + template.target_text("", "7")
     readable = (format_reward(worked, "7", template=template) == format_reward(direct, "7", template=template) == 1.0
@@ -283,22 +318,27 @@ def check_template(template: Template, answer_checker: str = "gsm8k"):
                 and shows_work(worked[len(template.prefix):], template)
                 and not shows_work(direct[len(template.prefix):], template))
     if not readable:
-        raise ValueError(f"template {template.name or dict(think=template.think, answer=template.answer)}: the "
-                         f"rewards cannot read a completion written in it, e.g. {worked!r}; choose tags that a worked "
-                         "answer does not contain (digits, arithmetic signs, '####', '\\boxed{', 'answer is')")
+        raise ValueError("template "
+                         f"{template.name or dict(think=template.think, answer=template.answer)}: "
+                         f"the rewards cannot read a completion written in it, e.g. {worked!r}; "
+                         "choose tags that a worked answer does not contain (digits, arithmetic "
+                         "signs, '####', '\\boxed{', 'answer is')")
 
 # -----------------------------------------------------------------------------
 # process supervision: every arithmetic claim is a reasoning step, checked exactly
 
-CLAIM_OPERATORS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "x": "*", "\u00d7": "*", "/": "/", "\u00f7": "/"}
+CLAIM_OPERATORS = {"+": "+", "-": "-", "\u2212": "-", "*": "*", "x": "*", "\u00d7": "*", "/": "/",
+                   "\u00f7": "/"}
 ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-MAX_CLAIM_TOKENS = 99  # numbers, operators and brackets in one side of a claim: "1 + 2 + ... + 50" still reads
+# numbers, operators and brackets in one side of a claim: "1 + 2 + ... + 50" still reads
+MAX_CLAIM_TOKENS = 99
 DIGITS = frozenset("0123456789")  # not str.isdigit: that also takes "²" and other scripts' digits
 
 
 def _claim_tokens(text, start, end):
-    """The tokens of text[start:end], each (kind, value, end offset): ("num", Fraction), ("op", one of "+-*/"),
-    ("(", None), (")", None), or ("other", None) for what cannot be part of an expression (words, "<", ",", ...)."""
+    """The tokens of text[start:end], each (kind, value, end offset): ("num", Fraction), ("op", one
+    of "+-*/"), ("(", None), (")", None), or ("other", None) for what cannot be part of an
+    expression (words, "<", ",", ...)."""
     tokens, i = [], start
     while i < end:
         char = text[i]
@@ -306,11 +346,13 @@ def _claim_tokens(text, start, end):
             i += 1
             continue
         signed = char in "+-\u2212" and text[i + 1:i + 2] in DIGITS and not (tokens and tokens[-1][0] in ("num", ")"))
-        if char in DIGITS or signed or (char == "." and text[i + 1:i + 2] in DIGITS):  # a number, ".5" too
+        # a number, ".5" too
+        if char in DIGITS or signed or (char == "." and text[i + 1:i + 2] in DIGITS):
             digits_end = i + 1
             while digits_end < end and (text[digits_end] in DIGITS or text[digits_end] in ",."):
                 digits_end += 1
-            number = text[i + signed:digits_end].rstrip(",.")  # a trailing "," or "." is punctuation
+            # a trailing "," or "." is punctuation
+            number = text[i + signed:digits_end].rstrip(",.")
             value = leading_number(number)[0]
             i += signed + len(number)
             negative = char in "-\u2212"
@@ -332,9 +374,10 @@ def _apply(left, symbol, right):
 
 
 def _expression(tokens, at, level=0):
-    """The expression that starts at tokens[at], read exactly: (value, index just after it), or None if none starts
-    there. Level 0 reads a sum of products, 1 a product of factors, 2 a factor (a number or a bracketed sum); an
-    operator with nothing readable after it is left unread. The value is None after a division by zero."""
+    """The expression that starts at tokens[at], read exactly: (value, index just after it), or None
+    if none starts there. Level 0 reads a sum of products, 1 a product of factors, 2 a factor (a
+    number or a bracketed sum); an operator with nothing readable after it is left unread. The value
+    is None after a division by zero."""
     if level == 2:
         if at < len(tokens) and tokens[at][0] == "num":
             return tokens[at][1], at + 1
@@ -351,9 +394,10 @@ def _expression(tokens, at, level=0):
 
 
 def _left_side(tokens):
-    """(value, has an operator) of the longest expression that ends the tokens, or None. It must not follow an
-    operator: it would go on into something unreadable ("a*2 = 10"), so its value is unknown; nor be longer than
-    MAX_CLAIM_TOKENS, which bounds the work (and the brackets' recursion)."""
+    """(value, has an operator) of the longest expression that ends the tokens, or None. It must not
+    follow an operator: it would go on into something unreadable ("a*2 = 10"), so its value is
+    unknown; nor be longer than MAX_CLAIM_TOKENS, which bounds the work (and the brackets'
+    recursion)."""
     after_other = max((i + 1 for i, token in enumerate(tokens) if token[0] == "other"), default=0)
     for start in range(max(after_other, len(tokens) - MAX_CLAIM_TOKENS), len(tokens)):
         parsed = _expression(tokens, start)
@@ -363,8 +407,9 @@ def _left_side(tokens):
 
 
 def _right_side(tokens):
-    """(value, has an operator, end offset) of the longest expression that starts the tokens, or None; it must not
-    be followed by an operator ("7 + apples"), nor be longer than MAX_CLAIM_TOKENS."""
+    """(value, has an operator, end offset) of the longest expression that starts the tokens, or
+    None; it must not be followed by an operator ("7 + apples"), nor be longer than
+    MAX_CLAIM_TOKENS."""
     parsed = _expression(tokens[:MAX_CLAIM_TOKENS + 1], 0)
     if parsed is None or (parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op") or parsed[1] > MAX_CLAIM_TOKENS:
         return None
@@ -373,20 +418,23 @@ def _right_side(tokens):
 
 def arithmetic_claims(text: str) -> list[tuple[int, bool]]:
     """
-    The arithmetic claims a text makes, in order, each as (end, correct): end is the offset just past the claim's
-    last character, correct whether it holds exactly (Fraction arithmetic: no eval, no floats, no regex).
-    A claim is an "=" between two expressions on one line, one of them with an operator: "3 * 4 = 12", "12+7=19",
-    "$1,200 / 4 = $300", "1/2 + .25 = 3/4", "20 = 4 x 5", "(60+72+42)/3=58". An expression is numbers (thousands
-    commas, decimals, a sign where no number precedes: "3*-2=-6") joined by + - * / x × ÷ −, * and / first, with
-    brackets; "/" divides, so a fraction is its own value. Left of "=" the claim reads the longest expression ending
-    there, right of it the longest one starting there, so words around it do not count ("Tom has 3+4=7 apples"), and
-    a chain "3+4=7+1=8" is two claims, 3+4 = 7+1 (wrong) and 7+1 = 8 (right): "=" means equal. Not claims: no
-    operator on either side ("x = 5", "7 = 7"), a side that is not an expression ("2x + 3 = 7", "a <= 5"), one cut
-    at an operator ("a*2 = 10", "3+4 = 7 + apples") or longer than MAX_CLAIM_TOKENS. A division by zero makes a claim
-    wrong. Time is linear in the text.
+    The arithmetic claims a text makes, in order, each as (end, correct): end is the offset just
+    past the claim's last character, correct whether it holds exactly (Fraction arithmetic: no eval,
+    no floats, no regex). A claim is an "=" between two expressions on one line, one of them with an
+    operator: "3 * 4 = 12", "12+7=19", "$1,200 / 4 = $300", "1/2 + .25 = 3/4", "20 = 4 x 5",
+    "(60+72+42)/3=58". An expression is numbers (thousands commas, decimals, a sign where no number
+    precedes: "3*-2=-6") joined by + - * / x × ÷ −, * and / first, with brackets; "/" divides, so a
+    fraction is its own value. Left of "=" the claim reads the longest expression ending there,
+    right of it the longest one starting there, so words around it do not count ("Tom has 3+4=7
+    apples"), and a chain "3+4=7+1=8" is two claims, 3+4 = 7+1 (wrong) and 7+1 = 8 (right): "="
+    means equal. Not claims: no operator on either side ("x = 5", "7 = 7"), a side that is not an
+    expression ("2x + 3 = 7", "a <= 5"), one cut at an operator ("a*2 = 10", "3+4 = 7 + apples") or
+    longer than MAX_CLAIM_TOKENS. A division by zero makes a claim wrong. Time is linear in the
+    text.
     """
     claims, previous, equals = [], -1, text.find("=")
-    while equals >= 0:  # each side is read up to the neighbouring "=" or the line's end: linear in the text
+    # each side is read up to the neighbouring "=" or the line's end: linear in the text
+    while equals >= 0:
         following = text.find("=", equals + 1)
         newline = text.rfind("\n", previous + 1, equals)
         left_start = max(newline, previous) + 1
@@ -402,48 +450,55 @@ def arithmetic_claims(text: str) -> list[tuple[int, bool]]:
 
 
 def shows_work(completion: str, template: Template = R1_ZERO) -> bool:
-    """True if the completion writes an arithmetic claim (arithmetic_claims, right or wrong) before the template's
-    think close, "</think>" (or anywhere, without one): it worked something out rather than stating an answer.
-    Logged as worked_rate."""
+    """True if the completion writes an arithmetic claim (arithmetic_claims, right or wrong) before
+    the template's think close, "</think>" (or anywhere, without one): it worked something out
+    rather than stating an answer. Logged as worked_rate."""
     return bool(arithmetic_claims(completion.partition(template.think[1])[0]))
 
 
-# Phrases that mark a re-check (reflection), after the self-reflection keywords with which Liu et al. 2025
-# ("Understanding R1-Zero-Like Training", arXiv:2503.20783; Oat-Zero) counted reflection in base models' answers,
-# plus "check" (configs/demo_aha.py's re-checks, data.rework_solution); config key reflection_markers
-REFLECTION_MARKERS = ("wait", "check", "recheck", "re-check", "double-check", "double check", "check again",
-                      "verify", "rethink", "reconsider", "re-examine", "reexamine", "re-evaluate", "reevaluate",
-                      "reassess", "think again")
+# Phrases that mark a re-check (reflection), after the self-reflection keywords with which Liu et
+# al. 2025 ("Understanding R1-Zero-Like Training", arXiv:2503.20783; Oat-Zero) counted reflection in
+# base models' answers, plus "check" (configs/demo_aha.py's re-checks, data.rework_solution); config
+# key reflection_markers
+REFLECTION_MARKERS = ("wait", "check", "recheck", "re-check", "double-check", "double check",
+                      "check again",
+                      "verify", "rethink", "reconsider", "re-examine", "reexamine", "re-evaluate",
+                      "reevaluate", "reassess", "think again")
 
 
-def reflects(completion: str, template: Template = R1_ZERO, markers: tuple = REFLECTION_MARKERS) -> bool:
-    """True if the completion's text before the template's think close ("</think>"; all of it, without one) holds
-    one of markers as whole words, in any case: "check 30-4=26", "Wait, 12 is wrong" and "Let me double-check" do,
-    "checked", "checklist" and "awaited" do not; a hyphen joins a word ("re-check" is not "check"). Logged as
-    reflect_rate (records.completion_flags)."""
+def reflects(completion: str, template: Template = R1_ZERO,
+             markers: tuple = REFLECTION_MARKERS) -> bool:
+    """True if the completion's text before the template's think close ("</think>"; all of it,
+    without one) holds one of markers as whole words, in any case: "check 30-4=26", "Wait, 12 is
+    wrong" and "Let me double-check" do, "checked", "checklist" and "awaited" do not; a hyphen joins
+    a word ("re-check" is not "check"). Logged as reflect_rate (records.completion_flags)."""
     text = completion.partition(template.think[1])[0].lower()
     words = " " + " ".join("".join(c if c.isalnum() or c == "-" else " " for c in text).split()) + " "
     return any(f" {marker.lower()} " in words for marker in markers)
 
 
 def token_ends(token_ids, decode, char_ends: list[int]) -> list[int]:
-    """For each character offset end of the text decode(token_ids), the index of the token that writes its character
-    end - 1: the shortest prefix of token_ids whose decoded text is at least end characters long. A prefix decodes
-    to a prefix of the text (a token cut inside a multi-byte character decodes to one replacement character), so its
-    length grows with the prefix and a binary search finds it; exact for any tokenizer whose decode does that."""
-    return [bisect.bisect_left(range(len(token_ids)), end, key=lambda n: len(decode(token_ids[:n + 1])))
+    """For each character offset end of the text decode(token_ids), the index of the token that
+    writes its character end - 1: the shortest prefix of token_ids whose decoded text is at least
+    end characters long. A prefix decodes to a prefix of the text (a token cut inside a multi-byte
+    character decodes to one replacement character), so its length grows with the prefix and a
+    binary search finds it; exact for any tokenizer whose decode does that."""
+    return [bisect.bisect_left(range(len(token_ids)), end,
+                               key=lambda n: len(decode(token_ids[:n + 1])))
             for end in char_ends]
 
 
-def claim_rewards(completion: str, token_ids, decode, truncated: bool = False) -> list[tuple[int, float]]:
+def claim_rewards(completion: str, token_ids, decode,
+                  truncated: bool = False) -> list[tuple[int, float]]:
     """
-    Process supervision's rewards, rule-based: each arithmetic claim of the completion (arithmetic_claims) is a
-    reasoning step rewarded 1.0 if it holds and 0.0 if not, ending at the token that writes its last character.
-    completion: the decoded completion, decode(token_ids) without a final end-of-text token; token_ids: the
-    completion's tokens, stop token included; decode: the tokenizer's decode.
-    A completion that claims nothing, or was truncated, gets one claim of reward 0.0 at its last token: no checkable
-    work earns what a wrong claim earns, so leaving the arithmetic out never escapes a negative advantage.
-    Returns [(token index of the claim's last token, reward)], in order.
+    Process supervision's rewards, rule-based: each arithmetic claim of the completion
+    (arithmetic_claims) is a reasoning step rewarded 1.0 if it holds and 0.0 if not, ending at the
+    token that writes its last character. completion: the decoded completion, decode(token_ids)
+    without a final end-of-text token; token_ids: the completion's tokens, stop token included;
+    decode: the tokenizer's decode. A completion that claims nothing, or was truncated, gets one
+    claim of reward 0.0 at its last token: no checkable work earns what a wrong claim earns, so
+    leaving the arithmetic out never escapes a negative advantage. Returns [(token index of the
+    claim's last token, reward)], in order.
     """
     claims = [] if truncated else arithmetic_claims(completion)
     if not claims:

@@ -1,13 +1,15 @@
 """
-The rollout, GRPO's "act": prompts -> sampled, decoded and scored completions (Samples), then the post-sampling
-stage (reward shaping, dynamic sampling's filter). One path from tokens to rewards, for training (sample_groups: G
-completions of each of a step's questions) and for evaluation (eval.score_questions).
+The rollout, GRPO's "act": prompts -> sampled, decoded and scored completions (Samples), then the
+post-sampling stage (reward shaping, dynamic sampling's filter). One path from tokens to rewards,
+for training (sample_groups: G completions of each of a step's questions) and for evaluation
+(eval.score_questions).
 
     samples = sample_and_score(model, tokenizer, prompts, golds, seed, sampling, scoring)
     samples.completions[i], samples.texts[i], samples.rewards[i]      # row i answers prompts[i]
     samples.select([0, 1, 2]), Samples.concat([a, b])                  # rows kept together, every field aligned
 
-Where to add a reward shaping: a function in SHAPING. What a step logs of its samples is records.py's.
+Where to add a reward shaping: a function in SHAPING. What a step logs of its samples is
+records.py's.
 """
 import dataclasses
 import random
@@ -21,12 +23,14 @@ from rewards import claim_rewards, score_completions
 from sample import generate
 from template import Template, stop_sequences, stop_token_ids
 
-DRAW_STRIDE = 2 ** 24  # rollout_seed: the index distance between a step's draws (room for 16M step-rank indices)
+# rollout_seed: the index distance between a step's draws (room for 16M step-rank indices)
+DRAW_STRIDE = 2 ** 24
 
 
 class QuestionStream:
-    """The order in which training draws questions: indices in shuffled epochs from a seeded RNG; its whole state
-    goes into the checkpoint, so a resumed run draws what an uninterrupted one would."""
+    """The order in which training draws questions: indices in shuffled epochs from a seeded RNG;
+    its whole state goes into the checkpoint, so a resumed run draws what an uninterrupted one
+    would."""
 
     def __init__(self, n: int, seed: int):
         self.n, self.rng, self.order, self.cursor = n, random.Random(seed), [], 0
@@ -51,33 +55,40 @@ class QuestionStream:
 
 
 def rollout_seed(seed: int, index: int, draw: int = 0) -> int:
-    """The sampler's seed for rollout number `index` of a run seeded `seed` (a training step's rows on one rank,
-    step * world_size + rank, or one evaluation sample), and for dynamic sampling's extra draws in one step, draw
-    1, 2, ... (draw 0 is the step's first): distinct per (seed, index, draw), so a resumed run draws the same
-    samples. Draw d takes index + d * DRAW_STRIDE."""
+    """The sampler's seed for rollout number `index` of a run seeded `seed` (a training step's rows
+    on one rank, step * world_size + rank, or one evaluation sample), and for dynamic sampling's
+    extra draws in one step, draw 1, 2, ... (draw 0 is the step's first): distinct per (seed, index,
+    draw), so a resumed run draws the same samples. Draw d takes index + d * DRAW_STRIDE."""
     return (seed * 1_000_003 + index + draw * DRAW_STRIDE) % 2 ** 31
 
 
 @dataclass
 class Samples:
-    """Completions of a batch of prompts, decoded and scored; row i answers prompts[i]. The per-row fields (ROWS, and
-    each list of components) stay aligned through select and concat. In a training step, each group is group_size
-    consecutive rows."""
+    """Completions of a batch of prompts, decoded and scored; row i answers prompts[i]. The per-row
+    fields (ROWS, and each list of components) stay aligned through select and concat. In a training
+    step, each group is group_size consecutive rows."""
     prompts: list[list[int]]  # prompt token ids
     completions: list[list[int]]  # generated token ids, stop token included
-    texts: list[str]  # decoded completions, without a final end-of-text token (a final "</answer>" is kept)
+    # decoded completions, without a final end-of-text token (a final "</answer>" is kept)
+    texts: list[str]
     stopped: list[bool]  # False: cut at max_new_tokens
-    logprobs: list[list[float]] | None  # the sampler's log-prob of each completion token (at the sampling temperature)
+    # the sampler's log-prob of each completion token (at the sampling temperature)
+    logprobs: list[list[float]] | None
     rewards: list[float]  # weighted sum of the reward components, then shaped (SHAPING)
-    components: dict[str, list[float]]  # each reward unweighted ("correctness", "format" always), each shaping's term
+    # each reward unweighted ("correctness", "format" always), each shaping's term
+    components: dict[str, list[float]]
     seconds_sampling: float  # generate, to the tokens on the host
     seconds_scoring: float  # decoding and rewards
-    claims: list[list[tuple[int, float]]] | None = None  # process=True: (token index of a claim's end, reward) each
+    # process=True: (token index of a claim's end, reward) each
+    claims: list[list[tuple[int, float]]] | None = None
     problems: list[int] | None = None  # training: the index of each row's problem (sample_groups)
-    stats: dict = field(default_factory=dict)  # what the post-sampling stage reports; step_record logs it
-    fast_paths: dict = field(default_factory=dict)  # sample.Rollout.fast_paths: {config key: it decoded these rows}
+    # what the post-sampling stage reports; step_record logs it
+    stats: dict = field(default_factory=dict)
+    # sample.Rollout.fast_paths: {config key: it decoded these rows}
+    fast_paths: dict = field(default_factory=dict)
 
-    ROWS = ("prompts", "completions", "texts", "stopped", "logprobs", "rewards", "claims", "problems")
+    ROWS = ("prompts", "completions", "texts", "stopped", "logprobs", "rewards", "claims",
+            "problems")
 
     @property
     def lengths(self) -> list[int]:
@@ -93,13 +104,15 @@ class Samples:
 
     @staticmethod
     def concat(parts: list["Samples"]) -> "Samples":
-        """One Samples of the parts' rows in order; seconds add up, stats merge (a later part's key wins). A per-row
-        field absent (None) in any part is None."""
+        """One Samples of the parts' rows in order; seconds add up, stats merge (a later part's key
+        wins). A per-row field absent (None) in any part is None."""
         rows = {name: None if any(getattr(p, name) is None for p in parts) else
                 [x for p in parts for x in getattr(p, name)] for name in Samples.ROWS}
         components = {name: [x for p in parts for x in p.components[name]] for name in parts[0].components}
-        paths = dict.fromkeys(key for p in parts for key in p.fast_paths)  # a fast path ran if it decoded every part
-        return Samples(**rows, components=components, seconds_sampling=sum(p.seconds_sampling for p in parts),
+        # a fast path ran if it decoded every part
+        paths = dict.fromkeys(key for p in parts for key in p.fast_paths)
+        return Samples(**rows, components=components,
+                       seconds_sampling=sum(p.seconds_sampling for p in parts),
                        seconds_scoring=sum(p.seconds_scoring for p in parts),
                        stats={key: value for p in parts for key, value in p.stats.items()},
                        fast_paths={key: all(p.fast_paths.get(key, False) for p in parts) for key in paths})
@@ -107,30 +120,34 @@ class Samples:
 
 @dataclass
 class Sampling:
-    """How a rollout samples: sample.generate's settings and what ends a completion, made once for a run (or an
-    evaluation) by sampling_of."""
+    """How a rollout samples: sample.generate's settings and what ends a completion, made once for a
+    run (or an evaluation) by sampling_of."""
     max_new_tokens: int
     temperature: float  # 0 is greedy
     stops: list[list[int]]  # token-id sequences that end a completion (template.stop_sequences)
-    end_of_text: set[int]  # the stop ids that end the text itself: dropped from the decoded completion
+    # the stop ids that end the text itself: dropped from the decoded completion
+    end_of_text: set[int]
     top_p: float = 1.0
     top_k: int = 0
     cuda_graphs: bool = True  # the sampler's GPU-only fast paths (sample.generate)
     fused_sampling: bool = True
 
 
-def sampling_of(tokenizer, template: Template, max_new_tokens: int, temperature: float, **settings) -> Sampling:
-    """A Sampling for this tokenizer and template: the stops are the end-of-text ids and the answer close tag as the
-    tokenizer writes it; settings: top_p, top_k, cuda_graphs, fused_sampling."""
-    return Sampling(max_new_tokens, temperature, stop_sequences(tokenizer, template), set(stop_token_ids(tokenizer)),
-                    **settings)
+def sampling_of(tokenizer, template: Template, max_new_tokens: int, temperature: float,
+                **settings) -> Sampling:
+    """A Sampling for this tokenizer and template: the stops are the end-of-text ids and the answer
+    close tag as the tokenizer writes it; settings: top_p, top_k, cuda_graphs, fused_sampling."""
+    return Sampling(max_new_tokens, temperature, stop_sequences(tokenizer, template),
+                    set(stop_token_ids(tokenizer)), **settings)
 
 
 @dataclass
 class Scoring:
-    """How a rollout's completions are scored (rewards.score_completions), made once for a run or an evaluation."""
+    """How a rollout's completions are scored (rewards.score_completions), made once for a run or an
+    evaluation."""
     template: Template  # whose tags the rules read
-    weights: dict[str, float]  # reward name -> weight; correctness and format are measured at weight 0 too
+    # reward name -> weight; correctness and format are measured at weight 0 too
+    weights: dict[str, float]
     answer_checker: str = "gsm8k"  # how answers are read and compared (answers.ANSWER_CHECKERS)
     functions: dict | None = None  # the config's own rewards, loaded (reward_models.load_rewards)
     process: bool = False  # also the claims' rewards of process supervision
@@ -141,10 +158,11 @@ class Scoring:
 
 
 def sample_groups(run, cfg, step: int) -> Samples:
-    """A training step's rollout: draw prompts_per_step questions from run.stream and sample group_size scored
-    completions of each (a group is group_size consecutive rows) with run.sampler, seeded by rollout_seed(seed, step *
-    world_size + rank); under torchrun every rank draws the same questions and keeps its slice of whole groups. With
-    dynamic_sampling, dynamic_groups draws instead."""
+    """A training step's rollout: draw prompts_per_step questions from run.stream and sample
+    group_size scored completions of each (a group is group_size consecutive rows) with run.sampler,
+    seeded by rollout_seed(seed, step * world_size + rank); under torchrun every rank draws the same
+    questions and keeps its slice of whole groups. With dynamic_sampling, dynamic_groups draws
+    instead."""
     if cfg.dynamic_sampling:
         return dynamic_groups(run, cfg, step)
     share = cfg.prompts_per_step // world_size()
@@ -153,16 +171,18 @@ def sample_groups(run, cfg, step: int) -> Samples:
 
 
 def dynamic_groups(run, cfg, step: int) -> Samples:
-    """sample_groups with DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more questions
-    drawn, up to max_num_gen_batches draws, until prompts_per_step groups are kept; at the cap the batch is filled up
-    with dropped groups, as plain GRPO would train on them. Draw d samples with rollout_seed(seed, step * world_size +
-    rank, d); each rank fills its own share, and the ranks draw until all are full."""
+    """sample_groups with DAPO's dynamic sampling: groups whose rewards are all equal are dropped
+    and more questions drawn, up to max_num_gen_batches draws, until prompts_per_step groups are
+    kept; at the cap the batch is filled up with dropped groups, as plain GRPO would train on them.
+    Draw d samples with rollout_seed(seed, step * world_size + rank, d); each rank fills its own
+    share, and the ranks draw until all are full."""
     share, G = cfg.prompts_per_step // world_size(), cfg.group_size
     kept, dropped, drawn = [], [], []
     for draw in range(cfg.max_num_gen_batches):
         picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]
         if len(kept) < share:  # a full rank draws the questions the others draw, and samples none
-            samples = scored_groups(run, cfg, picked, rollout_seed(cfg.seed, step * world_size() + rank(), draw))
+            samples = scored_groups(run, cfg, picked,
+                                    rollout_seed(cfg.seed, step * world_size() + rank(), draw))
             informative = informative_groups(samples.rewards, G)
             for g in range(share):
                 (kept if informative[g] else dropped).append(samples.select(range(g * G, (g + 1) * G)))
@@ -182,22 +202,25 @@ def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
     golds = [run.problems[i]["gold"] for i in rows]
     questions = [run.problems[i]["question"] for i in rows]
     with run.sampler.lora_merged():
-        samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, seed, run.sampling, run.scoring,
-                                   questions)
+        samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, seed, run.sampling,
+                                   run.scoring, questions)
     samples.problems = rows
     for shape in SHAPING:
         shape(samples, cfg, seed)
     return samples
 
 
-def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str], seed: int | list[int],
-                     sampling: Sampling, scoring: Scoring, questions: list[str] | None = None) -> Samples:
-    """Sample one completion per prompt, ending at a stop (sampling.stops), decode it and score it against its gold
-    answer (scoring; questions: the problems' text, which the config's own rewards may read)."""
+def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str],
+                     seed: int | list[int],
+                     sampling: Sampling, scoring: Scoring,
+                     questions: list[str] | None = None) -> Samples:
+    """Sample one completion per prompt, ending at a stop (sampling.stops), decode it and score it
+    against its gold answer (scoring; questions: the problems' text, which the config's own rewards
+    may read)."""
     start = time.perf_counter()
     rollout = generate(model, prompts, sampling.max_new_tokens, temperature=sampling.temperature,
-                       top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops, seed=seed,
-                       pad_id=tokenizer.pad_token_id, cuda_graphs=sampling.cuda_graphs,
+                       top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops,
+                       seed=seed, pad_id=tokenizer.pad_token_id, cuda_graphs=sampling.cuda_graphs,
                        fused_sampling=sampling.fused_sampling)
     lengths = rollout.lengths.tolist()
     stopped = rollout.stopped.tolist()
@@ -206,11 +229,14 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     sampled = time.perf_counter()
     # "</answer>" is kept in the text, a final end-of-text token is not
     texts = [tokenizer.decode(c[:-1] if c[-1] in sampling.end_of_text else c) for c in completions]
-    # the prompt ends in the response prefix ("<think>"): the format reward judges the whole response.
-    # accuracy and format are measured whatever the weights; a 0 weight keeps them out of the reward
+    # the prompt ends in the response prefix ("<think>"): the format reward judges the whole
+    # response. accuracy and format are measured whatever the weights; a 0 weight keeps them out of
+    # the reward
     template = scoring.template
-    rewards, components = score_completions([template.prefix + t for t in texts], golds, [not s for s in stopped],
-                                            {"correctness": 0.0, "format": 0.0, **scoring.weights}, questions,
+    rewards, components = score_completions([template.prefix + t for t in texts], golds,
+                                            [not s for s in stopped],
+                                            {"correctness": 0.0, "format": 0.0, **scoring.weights},
+                                            questions,
                                             scoring.functions, template=template, lengths=lengths,
                                             max_new_tokens=sampling.max_new_tokens,
                                             answer_checker=scoring.answer_checker)
@@ -218,18 +244,21 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     if scoring.process:
         claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
                   for text, ids, stop in zip(texts, completions, stopped)]
-    return Samples(prompts, completions, texts, stopped, logprobs, rewards, components, sampled - start,
+    return Samples(prompts, completions, texts, stopped, logprobs, rewards, components,
+                   sampled - start,
                    time.perf_counter() - sampled, claims, fast_paths=rollout.fast_paths)
 
 # -----------------------------------------------------------------------------
-# the post-sampling stage: reward shaping (SHAPING, in order, on every draw of a training step; each does nothing
-# unless its config key asks) and dynamic sampling's filter. A shaping may read samples.lengths, .stopped, .texts,
-# .components, cfg.max_new_tokens and so on; seed is the draw's sampler seed, for any coins. Nothing here reaches
-# evaluation: eval.py scores the rewards' rules alone.
+# the post-sampling stage: reward shaping (SHAPING, in order, on every draw of a training step; each
+# does nothing unless its config key asks) and dynamic sampling's filter. A shaping may read
+# samples.lengths, .stopped, .texts, .components, cfg.max_new_tokens and so on; seed is the draw's
+# sampler seed, for any coins. Nothing here reaches evaluation: eval.py scores the rewards' rules
+# alone.
 
 
 def add_reward(samples: Samples, name: str, values: list[float]):
-    """Add a shaping term to each row's reward and keep it as the component `name` (logged as reward_<name>)."""
+    """Add a shaping term to each row's reward and keep it as the component `name` (logged as
+    reward_<name>)."""
     samples.rewards = [reward + value for reward, value in zip(samples.rewards, values)]
     samples.components[name] = list(values)
 
@@ -237,29 +266,34 @@ def add_reward(samples: Samples, name: str, values: list[float]):
 def random_reward(samples: Samples, cfg, seed: int):
     """The random-reward control (config random_reward > 0): see coin_rewards."""
     if cfg.random_reward > 0:
-        samples.rewards = coin_rewards(samples, cfg.reward_weights["correctness"], cfg.random_reward, seed)
+        samples.rewards = coin_rewards(samples, cfg.reward_weights["correctness"],
+                                       cfg.random_reward, seed)
 
 
 def coin_rewards(samples: Samples, weight: float, rate: float, seed: int) -> list[float]:
-    """Each completion's total reward with its correctness term replaced by a coin that lands 1 with probability
-    `rate`, independent of the completion (seeded: a resumed run draws the same coins). What the policy gains under
-    it comes from the format reward, or from sampling and the update themselves, not from right answers.
-    samples.components keeps the true correctness (logged as accuracy)."""
-    coins = torch.bernoulli(torch.full((len(samples.rewards),), rate), generator=torch.Generator().manual_seed(seed))
+    """Each completion's total reward with its correctness term replaced by a coin that lands 1 with
+    probability `rate`, independent of the completion (seeded: a resumed run draws the same coins).
+    What the policy gains under it comes from the format reward, or from sampling and the update
+    themselves, not from right answers. samples.components keeps the true correctness (logged as
+    accuracy)."""
+    coins = torch.bernoulli(torch.full((len(samples.rewards),), rate),
+                            generator=torch.Generator().manual_seed(seed))
     return [total - weight * correct + weight * coin for total, correct, coin in
             zip(samples.rewards, samples.components["correctness"], coins.tolist())]
 
 
 def overlong_penalty(samples: Samples, cfg, seed: int):
-    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), config overlong_buffer_len > 0:
-    with L_max = max_new_tokens and L_cache = overlong_buffer_len, a completion of L tokens gets
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), config
+    overlong_buffer_len > 0: with L_max = max_new_tokens and L_cache = overlong_buffer_len, a
+    completion of L tokens gets
         0                                  if L <= L_max - L_cache
         ((L_max - L_cache) - L) / L_cache  if L_max - L_cache < L <= L_max      (down to -1 at L = L_max)
-    times overlong_penalty_factor (verl's name; DAPO's is 1), added to its reward and logged as reward_overlong.
-    Eq. 13's -1 beyond L_max never applies here: the sampler stops at L_max."""
+    times overlong_penalty_factor (verl's name; DAPO's is 1), added to its reward and logged as
+    reward_overlong. Eq. 13's -1 beyond L_max never applies here: the sampler stops at L_max."""
     if cfg.overlong_buffer_len > 0:
         start = cfg.max_new_tokens - cfg.overlong_buffer_len
-        add_reward(samples, "overlong", [cfg.overlong_penalty_factor * min(0.0, (start - n) / cfg.overlong_buffer_len)
+        add_reward(samples, "overlong",
+                   [cfg.overlong_penalty_factor * min(0.0, (start - n) / cfg.overlong_buffer_len)
                                          for n in samples.lengths])
 
 
@@ -267,21 +301,23 @@ SHAPING = (random_reward, overlong_penalty)  # in this order, on every draw of a
 
 
 def informative_groups(rewards: list[float], group_size: int) -> list[bool]:
-    """Dynamic sampling's filter (DAPO, arXiv:2503.14476, sec. 3.2): for each group of group_size consecutive rewards,
-    whether they differ. A group whose rewards are all equal (all right, all wrong) has zero advantages and no
-    policy gradient. The rewards are the shaped totals, so a shaping term that tells a group's completions apart
-    keeps it (verl's DAPO recipe filters on accuracy alone)."""
+    """Dynamic sampling's filter (DAPO, arXiv:2503.14476, sec. 3.2): for each group of group_size
+    consecutive rewards, whether they differ. A group whose rewards are all equal (all right, all
+    wrong) has zero advantages and no policy gradient. The rewards are the shaped totals, so a
+    shaping term that tells a group's completions apart keeps it (verl's DAPO recipe filters on
+    accuracy alone)."""
     return [len(set(rewards[start:start + group_size])) > 1 for start in range(0, len(rewards), group_size)]
 
 
 def dynamic_sampling_stats(drawn: Samples, group_size: int, draws: int, filled: int) -> dict:
-    """What dynamic sampling logs for a step, over every rank (collectives under torchrun): dynamic_draws (draws of
-    prompts_per_step questions, the first included), dynamic_dropped_frac (the share of the drawn groups whose
-    rewards were all equal), dynamic_filled (dropped groups put back at the cap, max_num_gen_batches) and
-    accuracy_sampled (the accuracy of every drawn completion; the log's accuracy is the kept batch's)."""
+    """What dynamic sampling logs for a step, over every rank (collectives under torchrun):
+    dynamic_draws (draws of prompts_per_step questions, the first included), dynamic_dropped_frac
+    (the share of the drawn groups whose rewards were all equal), dynamic_filled (dropped groups put
+    back at the cap, max_num_gen_batches) and accuracy_sampled (the accuracy of every drawn
+    completion; the log's accuracy is the kept batch's)."""
     informative = informative_groups(drawn.rewards, group_size)
-    mine = [len(informative), informative.count(False), filled, sum(drawn.components["correctness"]),
-            len(drawn.rewards)]
+    mine = [len(informative), informative.count(False), filled,
+            sum(drawn.components["correctness"]), len(drawn.rewards)]
     counts = [sum(column) for column in zip(*from_every_rank(mine))]
-    return {"dynamic_draws": draws, "dynamic_dropped_frac": counts[1] / counts[0], "dynamic_filled": counts[2],
-            "accuracy_sampled": counts[3] / counts[4]}
+    return {"dynamic_draws": draws, "dynamic_dropped_frac": counts[1] / counts[0],
+            "dynamic_filled": counts[2], "accuracy_sampled": counts[3] / counts[4]}

@@ -1,18 +1,23 @@
 """
-Run management, kept out of the training loop's way: what makes a run safe to start, stop and start again.
-train.py and eval.py call it around the research code, never inside a step (what a run records is records.py's).
+Run management, kept out of the training loop's way: what makes a run safe to start, stop and start
+again. train.py and eval.py call it around the research code, never inside a step (what a run
+records is records.py's).
 
-- Refusals: a bad input found by the checks before any work (the config, out_dir, the data files, the model, the
-  machine) raises an error whose message says what is wrong and what to do; the command line prints it in a few
-  lines without a traceback (refusals, command_line). An error anywhere else keeps its traceback.
-- Preflight: what a run needs of the machine, before any long wait: the model's files (cached, or the hub reachable:
-  check_reachable), a GPU for a config sized for one, GPU memory, disk for the checkpoints (check_machine).
-- out_dir: one run at a time (RunLock), no run's files clobbered and no foreign file touched (check_out_dir), an old
-  run's files deleted on --overwrite and the logs cut back to the checkpoint on --resume (start_out_dir).
-- Stopping: Ctrl-C and SIGTERM stop after the current step and save (StopRequest); an exception in a step first
-  saves the last complete step when it can (saved_on_failure); either way the message names what was saved and
-  the command that goes on (resume_command). The requeue contract: `python train.py CONFIG --resume` continues
-  from whatever the run saved, in any phase, and starts it from the beginning when it saved nothing yet.
+- Refusals: a bad input found by the checks before any work (the config, out_dir, the data files,
+  the model, the machine) raises an error whose message says what is wrong and what to do; the
+  command line prints it in a few lines without a traceback (refusals, command_line). An error
+  anywhere else keeps its traceback.
+- Preflight: what a run needs of the machine, before any long wait: the model's files (cached, or
+  the hub reachable: check_reachable), a GPU for a config sized for one, GPU memory, disk for the
+  checkpoints (check_machine).
+- out_dir: one run at a time (RunLock), no run's files clobbered and no foreign file touched
+  (check_out_dir), an old run's files deleted on --overwrite and the logs cut back to the checkpoint
+  on --resume (start_out_dir).
+- Stopping: Ctrl-C and SIGTERM stop after the current step and save (StopRequest); an exception in a
+  step first saves the last complete step when it can (saved_on_failure); either way the message
+  names what was saved and the command that goes on (resume_command). The requeue contract: `python
+  train.py CONFIG --resume` continues from whatever the run saved, in any phase, and starts it from
+  the beginning when it saved nothing yet.
 """
 import contextlib
 import dataclasses
@@ -45,8 +50,9 @@ from sample import prefill_nbytes
 
 @contextlib.contextmanager
 def refusals():
-    """Inside: a ValueError, an OSError (a missing or malformed file, a full disk, no network, ...) or a RuntimeError
-    (out_dir in use) is a refusal: marked, then raised on as it is (its type is kept, so callers catch it as before)."""
+    """Inside: a ValueError, an OSError (a missing or malformed file, a full disk, no network, ...)
+    or a RuntimeError (out_dir in use) is a refusal: marked, then raised on as it is (its type is
+    kept, so callers catch it as before)."""
     try:
         yield
     except (ValueError, OSError, RuntimeError) as error:
@@ -60,7 +66,8 @@ def refused(error: BaseException) -> bool:
 
 
 def command_line(name: str, main):
-    """main() for a command line: its result, or a refusal's message printed as `name: message` with exit status 1."""
+    """main() for a command line: its result, or a refusal's message printed as `name: message` with
+    exit status 1."""
     try:
         return main()
     except Exception as error:
@@ -72,13 +79,15 @@ def command_line(name: str, main):
 # preflight: what a run needs of the machine
 
 
-CPU_PARAMS = 100_000_000  # a model this big trains at minutes per step on a CPU: a config sized for a GPU
+# a model this big trains at minutes per step on a CPU: a config sized for a GPU
+CPU_PARAMS = 100_000_000
 HUB_TIMEOUT = 3.0  # seconds to wait for the hub's address before calling the network absent
 
 
 def hub_names(cfg) -> list[tuple[str, str, str]]:
-    """(what, name, file) for each Hugging Face hub name a run loads (not a local path): its model (file: a file
-    that loading needs, to find in the cache), tokenizer, and reward models or judges."""
+    """(what, name, file) for each Hugging Face hub name a run loads (not a local path): its model
+    (file: a file that loading needs, to find in the cache), tokenizer, and reward models or
+    judges."""
     names = []
     if cfg.model != "scratch":
         names.append(("model", cfg.model, cfg.gguf_file or "config.json"))
@@ -92,8 +101,8 @@ def hub_names(cfg) -> list[tuple[str, str, str]]:
 
 
 def is_hub_name(name: str) -> bool:
-    """A Hugging Face repo id ("Qwen/Qwen2.5-0.5B", "gpt2"), not a path: no such file or directory here, nothing
-    path-like about it (model.py loads a missing local path as no such directory)."""
+    """A Hugging Face repo id ("Qwen/Qwen2.5-0.5B", "gpt2"), not a path: no such file or directory
+    here, nothing path-like about it (model.py loads a missing local path as no such directory)."""
     return not (os.path.exists(os.path.expanduser(name)) or name.startswith((os.sep, ".", "~")) or name.count("/") > 1)
 
 
@@ -104,8 +113,8 @@ def cached(name: str, file: str) -> bool:
 
 
 def hub_reachable() -> bool:
-    """Whether the hub answers (its address is resolved and connected to within HUB_TIMEOUT seconds); False at
-    once with HF_HUB_OFFLINE=1."""
+    """Whether the hub answers (its address is resolved and connected to within HUB_TIMEOUT
+    seconds); False at once with HF_HUB_OFFLINE=1."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").partition("://")[2].partition("/")[0]
@@ -117,26 +126,28 @@ def hub_reachable() -> bool:
 
 
 def check_reachable(names: list[tuple[str, str, str]], program: str = "train.py"):
-    """An OSError that says how to get the files, when a hub name is not in the cache and the hub cannot be
-    reached: before transformers retries for a minute and ends in a traceback."""
+    """An OSError that says how to get the files, when a hub name is not in the cache and the hub
+    cannot be reached: before transformers retries for a minute and ends in a traceback."""
     missing = [(what, name) for what, name, file in names if not cached(name, file)]
     if not missing or hub_reachable():
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     what, name = missing[0]
     raise OSError(
-        f"{what} {name!r} is not in the Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')}) and "
-        f"{'HF_HUB_OFFLINE=1 forbids the network' if offline else 'the hub cannot be reached (no network)'}. Either\n"
-        f"  - download it where there is network, `huggingface-cli download {name}`, and copy the cache here "
-        f"(then HF_HUB_OFFLINE=1 keeps {program} offline), or\n"
-        f"  - give a local directory holding its files: --{'model' if what == 'model' else 'tokenizer'}=LOCAL_DIR"
+        f"{what} {name!r} is not in the Hugging Face cache "
+        f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}) and "
+        f"{'HF_HUB_OFFLINE=1 forbids the network' if offline else 'the hub cannot be reached (no network)'}. "
+        f"Either\n  - download it where there is network, `huggingface-cli download {name}`, and "
+        f"copy the cache here (then HF_HUB_OFFLINE=1 keeps {program} offline), or\n  - give a "
+        "local directory holding its files: "
+        f"--{'model' if what == 'model' else 'tokenizer'}=LOCAL_DIR"
         + (f"\n  (also missing: {', '.join(n for _, n in missing[1:])})" if len(missing) > 1 else ""))
 
 
 def model_config(cfg, vocab_size: int) -> ModelConfig | None:
-    """The shape of the model a run trains, read before its weights: model_args (scratch), or the config.json of
-    a local directory or of the cache; None for a GGUF file (its shape comes with the weights) or a missing
-    directory."""
+    """The shape of the model a run trains, read before its weights: model_args (scratch), or the
+    config.json of a local directory or of the cache; None for a GGUF file (its shape comes with the
+    weights) or a missing directory."""
     if cfg.model == "scratch":
         return ModelConfig(**{"vocab_size": vocab_size, **cfg.model_args})
     if cfg.gguf_file:
@@ -145,23 +156,27 @@ def model_config(cfg, vocab_size: int) -> ModelConfig | None:
     if not os.path.isfile(path):
         if not is_hub_name(cfg.model):
             return None  # a missing directory: loading the model names it
-        from huggingface_hub import hf_hub_download  # a few KB: the cache, or the reachable hub (check_reachable)
+        # a few KB: the cache, or the reachable hub (check_reachable)
+        from huggingface_hub import hf_hub_download
         path = hf_hub_download(cfg.model, "config.json")
     with open(path) as f:
         return ModelConfig.from_hf(json.load(f))
 
 
-PHASES = {"sampling": ("KV cache", "prefill"), "update": ("gradients", "logits chunk")}  # memory_bytes' parts by phase
-PHASED = {name for names in PHASES.values() for name in names}  # the other parts are held through the whole run
+# memory_bytes' parts by phase
+PHASES = {"sampling": ("KV cache", "prefill"), "update": ("gradients", "logits chunk")}
+# the other parts are held through the whole run
+PHASED = {name for names in PHASES.values() for name in names}
 
 
 def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
-    """What a run holds in accelerator memory at least, by part, in bytes: only what it cannot do without, so that a
-    refusal never stops a run that would fit. Held throughout: the fp32 master weights (4 B/param), the AdamW state
-    (8 B per trained param), the sampler's and the reference's bf16 copies (2 B/param each, when there are). While
-    sampling (PHASES): the KV cache and the prefill (sample.prefill_nbytes) of the larger of a training
-    step's rows and an evaluation's batch, at the longest prompt prompt_len. While updating: the gradients (4 B per
-    trained param) and one chunk of logits. Activations come on top (grad_checkpointing and micro_batch_size bound
+    """What a run holds in accelerator memory at least, by part, in bytes: only what it cannot do
+    without, so that a refusal never stops a run that would fit. Held throughout: the fp32 master
+    weights (4 B/param), the AdamW state (8 B per trained param), the sampler's and the reference's
+    bf16 copies (2 B/param each, when there are). While sampling (PHASES): the KV cache and the
+    prefill (sample.prefill_nbytes) of the larger of a training step's rows and an evaluation's
+    batch, at the longest prompt prompt_len. While updating: the gradients (4 B per trained param)
+    and one chunk of logits. Activations come on top (grad_checkpointing and micro_batch_size bound
     them); memory_gb in log.jsonl measures it all."""
     with torch.device("meta"):  # counted, not allocated
         model = Transformer(config)
@@ -175,68 +190,80 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
     return {"fp32 weights": 4 * params, "AdamW state": 8 * trained,
             "sampler copy": 2 * params if low else 0,
             "reference copy": 2 * params if low and cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo" else 0,
-            "KV cache": KVCache.nbytes(config, rows, prompt_len + cfg.max_new_tokens, sampler_dtype),
+            "KV cache": KVCache.nbytes(config, rows, prompt_len + cfg.max_new_tokens,
+                                       sampler_dtype),
             "prefill": prefill_nbytes(config, rows, prompt_len, sampler_dtype),
             "gradients": 4 * trained, "logits chunk": 2 * 4 * cfg.logprob_chunk * config.vocab_size}
 
 
 def memory_need(parts: dict[str, int]) -> int:
-    """The peak of memory_bytes' parts: what is held, and the larger of the two phases (they never overlap)."""
+    """The peak of memory_bytes' parts: what is held, and the larger of the two phases (they never
+    overlap)."""
     phases = [sum(parts[name] for name in names) for names in PHASES.values()]
     return sum(value for name, value in parts.items() if name not in PHASED) + max(phases)
 
 
 def memory_estimate(parts: dict[str, int]) -> str:
     """memory_need(parts) in words, with its parts: held, and each phase's."""
-    listed = lambda names: ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])  # noqa: E731
-    return (f"{size(memory_need(parts))} at least (held: {listed([n for n in parts if n not in PHASED])}; then the "
-            f"larger of sampling: {listed(PHASES['sampling'])}, and the update: {listed(PHASES['update'])})")
+    # noqa: E731
+    listed = lambda names: ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])
+    return (f"{size(memory_need(parts))} at least (held: "
+            f"{listed([n for n in parts if n not in PHASED])}; then the "
+            f"larger of sampling: {listed(PHASES['sampling'])}, and the update: "
+            f"{listed(PHASES['update'])})")
 
 
-def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_len: int, program: str = "train.py"):
-    """A config sized for a GPU on a machine without one, a GPU without room for what a run cannot do without
-    (memory_bytes), or a disk without room for the run's checkpoints: an error saying what it needs and what to
-    change."""
+def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_len: int,
+                  program: str = "train.py"):
+    """A config sized for a GPU on a machine without one, a GPU without room for what a run cannot
+    do without (memory_bytes), or a disk without room for the run's checkpoints: an error saying
+    what it needs and what to change."""
     if config is None:
         return
     parts = memory_bytes(config, cfg, prompt_len)
     need, params, estimate = memory_need(parts), parts["fp32 weights"] // 4, memory_estimate(parts)
     if device.type == "cpu" and cfg.device == "auto" and params >= CPU_PARAMS:
         raise RuntimeError(
-            f"{cfg.model} ({params / 1e9:.2f}B parameters) is sized for a GPU: a step needs {estimate}, activations "
-            f"aside, and no CUDA device is here (torch.cuda.is_available() is False). Run it on a GPU; or pass "
-            f"--device=cpu to force a CPU run (minutes to hours per step at this size); or try the offline demo, "
-            f"`python {program} configs/demo.py`")
+            f"{cfg.model} ({params / 1e9:.2f}B parameters) is sized for a GPU: a step needs "
+            f"{estimate}, activations aside, and no CUDA device is here (torch.cuda.is_available() "
+            "is False). Run it on a GPU; or pass --device=cpu to force a CPU run (minutes to "
+            f"hours per step at this size); or try the offline demo, `python {program} "
+            "configs/demo.py`")
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         if need > free:
             raise RuntimeError(
-                f"{device} has {size(free)} free of {size(total)}, and this config needs {estimate}, activations "
-                "aside. Lower what takes most: prompts_per_step or group_size (the rows sampled at once: KV cache and "
-                "prefill), max_new_tokens (the KV cache), eval_batch_size, shorter prompts (the prefill), beta=0 (no "
-                "reference copy), lora_rank=16 (adapters alone train: no full gradients or AdamW state), "
-                "logprob_chunk, or a smaller model; a run that starts and then runs out of memory in a step also "
-                "wants micro_batch_size lower and grad_checkpointing=True")
+                f"{device} has {size(free)} free of {size(total)}, and this config needs "
+                f"{estimate}, activations aside. Lower what takes most: prompts_per_step or "
+                "group_size (the rows sampled at once: KV cache and prefill), max_new_tokens (the "
+                "KV cache), eval_batch_size, shorter prompts (the prefill), beta=0 (no reference "
+                "copy), lora_rank=16 (adapters alone train: no full gradients or AdamW state), "
+                "logprob_chunk, or a smaller model; a run that starts and then runs out of memory "
+                "in a step also wants micro_batch_size lower and grad_checkpointing=True")
     checkpoint = 4 * params + parts["AdamW state"] + parts["reference copy"]
-    disk = 2 * checkpoint + (4 * params if cfg.warm_starts else 0) + 4 * params  # old + new ckpt.pt, sft.pt, hf/
+    # old + new ckpt.pt, sft.pt, hf/
+    disk = 2 * checkpoint + (4 * params if cfg.warm_starts else 0) + 4 * params
     disk *= cfg.save_checkpoints
     target = cfg.out_dir if os.path.isdir(cfg.out_dir) else os.path.dirname(os.path.abspath(cfg.out_dir))
     free = shutil.disk_usage(target).free
     if disk > free:
-        raise OSError(f"disk too small: {cfg.out_dir} needs about {size(disk)} for this run's checkpoints (ckpt.pt "
-                      f"{size(checkpoint)}, written beside the previous one, sft.pt and the hf/ export), and "
-                      f"{size(free)} is free there; free some space or choose another --out_dir")
+        raise OSError(f"disk too small: {cfg.out_dir} needs about {size(disk)} for this run's "
+                      f"checkpoints (ckpt.pt {size(checkpoint)}, written beside the previous one, "
+                      f"sft.pt and the hf/ export), and {size(free)} is free there; free some "
+                      "space or choose another --out_dir")
 
 # -----------------------------------------------------------------------------
 # out_dir: one run at a time, no run's files clobbered
 
 
 # what a run writes in out_dir; --overwrite deletes these, and eval_NNNNN.jsonl, and nothing else
-RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl", "heldout.jsonl", "ckpt.pt",
-             "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "hf.tmp", "ckpt_eval", "sft_eval", "tb",
-             "wandb")
+RUN_FILES = ("config.json", "log.jsonl", "eval.jsonl", "samples.jsonl", "sft_log.jsonl",
+             "heldout.jsonl", "ckpt.pt",
+             "sft.pt", "ckpt.pt.tmp", "sft.pt.tmp", "curves.png", "hf", "hf.tmp", "ckpt_eval",
+             "sft_eval", "tb", "wandb")
 LOCK_FILE = "train.lock"  # there while a run holds out_dir (RunLock)
-BEFORE_THE_WARM_START_ENDS = ("config.json", "heldout.jsonl", "sft_log.jsonl")  # a new run replaces these unasked
+# a new run replaces these unasked
+BEFORE_THE_WARM_START_ENDS = ("config.json", "heldout.jsonl", "sft_log.jsonl")
 
 
 def is_eval_file(name: str) -> bool:
@@ -245,11 +272,12 @@ def is_eval_file(name: str) -> bool:
 
 
 class RunLock:
-    """out_dir/train.lock, held for the life of a run (an flock, which the kernel releases on any exit, SIGKILL too):
-    a second launch into the same out_dir refuses at once, naming the process that holds it. The holder's pid and
-    command are written in the file, which a clean exit removes; a run that finds the file left by a process that
-    is gone says so and takes over. Under torchrun rank 0 holds it. A directory the lock created and nothing else
-    used is removed again. First out_dir itself is checked (check_out_dir_path; model: the run's model)."""
+    """out_dir/train.lock, held for the life of a run (an flock, which the kernel releases on any
+    exit, SIGKILL too): a second launch into the same out_dir refuses at once, naming the process
+    that holds it. The holder's pid and command are written in the file, which a clean exit removes;
+    a run that finds the file left by a process that is gone says so and takes over. Under torchrun
+    rank 0 holds it. A directory the lock created and nothing else used is removed again. First
+    out_dir itself is checked (check_out_dir_path; model: the run's model)."""
 
     def __init__(self, out_dir: str, model: str = ""):
         self.out_dir, self.path, self.file, self.created = out_dir, os.path.join(out_dir, LOCK_FILE), None, False
@@ -271,8 +299,9 @@ class RunLock:
                 holder = file.read().strip() or "another process"
                 file.close()
                 with refusals():
-                    raise RuntimeError(f"{self.out_dir} is in use by a running train.py ({holder}); wait for it to "
-                                       "finish, stop it, or choose another --out_dir") from None
+                    raise RuntimeError(f"{self.out_dir} is in use by a running train.py "
+                                       f"({holder}); wait for it to finish, stop it, or choose "
+                                       "another --out_dir") from None
             same = os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(file.fileno()).st_ino
             if same:  # else its holder removed it between our open and our lock: open the path anew
                 self.file = file
@@ -281,7 +310,8 @@ class RunLock:
         self.file.seek(0)
         left = self.file.read().strip()
         if left:
-            print(f"{self.path}: the run that held it ({left}) is gone without releasing it; taking over",
+            print(f"{self.path}: the run that held it ({left}) is gone without releasing it; "
+                  "taking over",
                   file=sys.stderr)
         self.file.seek(0)
         self.file.truncate()
@@ -292,78 +322,87 @@ class RunLock:
     def __exit__(self, *exc):
         if self.file is None:
             return
-        os.remove(self.path)  # while still held: a run waiting on the old file sees it is gone and opens anew
+        # while still held: a run waiting on the old file sees it is gone and opens anew
+        os.remove(self.path)
         self.file.close()
         if self.created and not os.listdir(self.out_dir):  # a run refused before it wrote anything
             os.rmdir(self.out_dir)
 
 
 def check_out_dir_path(out_dir: str, model: str = ""):
-    """Refuse an out_dir that is a file, a filesystem root, the repository or the model's directory: a run writes its
-    lock there first, and deletes its files there on --overwrite."""
+    """Refuse an out_dir that is a file, a filesystem root, the repository or the model's directory:
+    a run writes its lock there first, and deletes its files there on --overwrite."""
     real = os.path.realpath(out_dir)
-    forbidden = {os.path.realpath(os.path.dirname(os.path.abspath(__file__))): "the repository itself"}
+    forbidden = {os.path.realpath(os.path.dirname(os.path.abspath(__file__))): "the repository "
+                                                                               "itself"}
     if os.path.isdir(model):
         forbidden[os.path.realpath(model)] = "the model's directory"
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is a file, not a directory")
     if os.path.dirname(real) == real or real in forbidden:
-        raise ValueError(f"out_dir={out_dir!r} is {forbidden.get(real, 'a filesystem root')}: a run writes "
-                         "and deletes its files there; choose a directory of its own, e.g. out/NAME")
+        raise ValueError(f"out_dir={out_dir!r} is {forbidden.get(real, 'a filesystem root')}: a "
+                         "run writes and deletes its files there; choose a directory of its own, "
+                         "e.g. out/NAME")
 
 
 def check_out_dir(cfg) -> dict | None:
-    """Check what out_dir holds before anything is written or deleted: no files of a run it cannot prove is a
-    train.py run (by its config.json); no other run unless --resume or --overwrite. With --resume, returns ckpt.pt's
-    state (either phase: the warm start's or RL's), after checking that the command changes only RESUMABLE keys and
-    that max_steps lies ahead; or, when the run saved nothing yet (no ckpt.pt, at most the files a run writes before
-    its first save, of this very config), None: the run starts from the beginning. Else None."""
+    """Check what out_dir holds before anything is written or deleted: no files of a run it cannot
+    prove is a train.py run (by its config.json); no other run unless --resume or --overwrite. With
+    --resume, returns ckpt.pt's state (either phase: the warm start's or RL's), after checking that
+    the command changes only RESUMABLE keys and that max_steps lies ahead; or, when the run saved
+    nothing yet (no ckpt.pt, at most the files a run writes before its first save, of this very
+    config), None: the run starts from the beginning. Else None."""
     present = sorted(os.listdir(cfg.out_dir)) if os.path.isdir(cfg.out_dir) else []
     ours = [name for name in present if name in RUN_FILES or is_eval_file(name)]
     if ours and not is_run_config(os.path.join(cfg.out_dir, "config.json")):
-        raise ValueError(f"{cfg.out_dir} holds {', '.join(ours)} but no train.py config.json: not a run directory "
-                         "(a model's or a dataset's?), so no run writes or deletes files there; choose another "
-                         "--out_dir")
+        raise ValueError(f"{cfg.out_dir} holds {', '.join(ours)} but no train.py config.json: not "
+                         "a run directory (a model's or a dataset's?), so no run writes or "
+                         "deletes files there; choose another --out_dir")
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.resume and "ckpt.pt" in present:
         state = read_checkpoint(ckpt_path)
         check_same_run(cfg, state["config"], ckpt_path)
         if cfg.max_steps < state["step"]:
-            raise ValueError(f"--resume: {ckpt_path} is at step {state['step']}, beyond max_steps={cfg.max_steps}: "
-                             f"nothing to do (raise --max_steps to train on)")
+            raise ValueError(f"--resume: {ckpt_path} is at step {state['step']}, beyond "
+                             f"max_steps={cfg.max_steps}: nothing to do (raise --max_steps to "
+                             "train on)")
         return state
     kept = [name for name in ours if name not in BEFORE_THE_WARM_START_ENDS]
     names = ", ".join(kept[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
     if cfg.resume and kept:
-        raise FileNotFoundError(f"--resume: {ckpt_path} not found, yet {cfg.out_dir} holds a run's files ({names}); "
-                                "restore its ckpt.pt, or --overwrite to delete them and start again")
+        raise FileNotFoundError(f"--resume: {ckpt_path} not found, yet {cfg.out_dir} holds a run's "
+                                f"files ({names}); restore its ckpt.pt, or --overwrite to delete "
+                                "them and start again")
     if cfg.resume and ours:  # the start of a run that saved nothing: this one's, or refused
         with open(os.path.join(cfg.out_dir, "config.json")) as f:
             check_same_run(cfg, json.load(f), os.path.join(cfg.out_dir, "config.json"))
     inside = os.path.relpath(os.path.realpath(cfg.init_from), os.path.realpath(cfg.out_dir)).split(os.sep)[0]
     if cfg.init_from and (inside in RUN_FILES or is_eval_file(inside)):
-        raise ValueError(f"init_from={cfg.init_from!r} lies in out_dir={cfg.out_dir!r}, whose run files a new run "
-                         "deletes: copy it elsewhere, or choose another --out_dir")
+        raise ValueError(f"init_from={cfg.init_from!r} lies in out_dir={cfg.out_dir!r}, whose run "
+                         "files a new run deletes: copy it elsewhere, or choose another --out_dir")
     if kept and not cfg.overwrite:
-        raise FileExistsError(f"{cfg.out_dir} already holds a run ({names}): add --resume to continue it, "
-                              "--overwrite to delete it and start again, or choose another --out_dir")
+        raise FileExistsError(f"{cfg.out_dir} already holds a run ({names}): add --resume to "
+                              "continue it, --overwrite to delete it and start again, or choose "
+                              "another --out_dir")
     return None
 
 
 def check_same_run(cfg, saved: dict, path: str):
-    """A ValueError unless this command's config equals the saved one (path's) in every key but RESUMABLE's, both as
-    JSON has them (a config.json's tuples are lists), and the saved one has no key this code does not know (a key
-    added since takes its default)."""
+    """A ValueError unless this command's config equals the saved one (path's) in every key but
+    RESUMABLE's, both as JSON has them (a config.json's tuples are lists), and the saved one has no
+    key this code does not know (a key added since takes its default)."""
     now, saved = (json.loads(json.dumps(config)) for config in (dataclasses.asdict(cfg), saved))
     unknown = sorted(set(saved) - set(now))
     if unknown:
-        raise ValueError(f"{path} was written by other code: its config has key(s) {unknown} that this train.py does "
-                         "not know; resume it with the code that wrote it, or start again")
+        raise ValueError(f"{path} was written by other code: its config has key(s) {unknown} that "
+                         "this train.py does not know; resume it with the code that wrote it, or "
+                         "start again")
     changed = [f"{k}={saved[k]!r} -> {now[k]!r}" for k in now
                if k in saved and saved[k] != now[k] and k not in RESUMABLE]
     if changed:
-        raise ValueError(f"--resume keeps the settings {path} was written with, but this command changes "
-                         f"{', '.join(changed)}; only {', '.join(RESUMABLE)} may change on resume")
+        raise ValueError(f"--resume keeps the settings {path} was written with, but this command "
+                         f"changes {', '.join(changed)}; only {', '.join(RESUMABLE)} may change on "
+                         "resume")
 
 
 def is_run_config(path: str) -> bool:
@@ -377,23 +416,28 @@ def is_run_config(path: str) -> bool:
 
 
 def start_out_dir(cfg, state: dict | None, heldout: list[dict]):
-    """After every check has passed: a new run deletes an old run's files from out_dir (--overwrite; only the
-    names train.py writes), a resumed one cuts its logs back to the checkpoint's step (the warm start's log, in the
-    middle of the warm start); then config.json (the resolved config) and heldout.jsonl (the held-out rows, what
-    `python eval.py --data` re-scores) are written."""
+    """After every check has passed: a new run deletes an old run's files from out_dir (--overwrite;
+    only the names train.py writes), a resumed one cuts its logs back to the checkpoint's step (the
+    warm start's log, in the middle of the warm start); then config.json (the resolved config) and
+    heldout.jsonl (the held-out rows, what `python eval.py --data` re-scores) are written."""
     barrier()  # every rank has checked out_dir before one changes it
     if rank() != 0:  # one process writes
         return
-    if state is not None and state.get("phase") == "warm_start":  # the warm start's log back to its saved step
+    # the warm start's log back to its saved step
+    if state is not None and state.get("phase") == "warm_start":
         truncate_log(os.path.join(cfg.out_dir, "sft_log.jsonl"), state["warm_step"])
     elif state is not None:
-        for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"):  # step 0's checkpoint precedes its evaluation
-            truncate_log(os.path.join(cfg.out_dir, name), state["step"] - (name == "eval.jsonl" and state["step"] == 0))
+        # step 0's checkpoint precedes its evaluation
+        for name in ("log.jsonl", "eval.jsonl", "samples.jsonl"):
+            truncate_log(os.path.join(cfg.out_dir, name),
+                         state["step"] - (name == "eval.jsonl" and state["step"] == 0))
     else:
         os.makedirs(cfg.out_dir, exist_ok=True)
         ours = [name for name in os.listdir(cfg.out_dir) if name in RUN_FILES or is_eval_file(name)]
-        for name in sorted(ours, key=lambda name: name == "config.json"):  # config.json last: a half-cleared
-            path = os.path.join(cfg.out_dir, name)                          # directory stays recognisably a run's
+        # config.json last: a half-cleared
+        for name in sorted(ours, key=lambda name: name == "config.json"):
+            # directory stays recognisably a run's
+            path = os.path.join(cfg.out_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
     write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))
     with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
@@ -401,7 +445,8 @@ def start_out_dir(cfg, state: dict | None, heldout: list[dict]):
 
 
 def truncate_log(path: str, step: int):
-    """Drop a log's lines after `step` (they are about to be redone), and a torn last line (a kill mid-write)."""
+    """Drop a log's lines after `step` (they are about to be redone), and a torn last line (a kill
+    mid-write)."""
     if not os.path.isfile(path):
         return
     with open(path) as f:
@@ -424,14 +469,15 @@ def truncate_log(path: str, step: int):
 
 
 class StopRequest:
-    """Ctrl-C (SIGINT) or SIGTERM (what Slurm, Kubernetes and most schedulers send before SIGKILL) asks the loop to
-    stop after the current step and save; `requested` is then the signal's name. A second Ctrl-C stops at once, a
-    second SIGTERM terminates."""
+    """Ctrl-C (SIGINT) or SIGTERM (what Slurm, Kubernetes and most schedulers send before SIGKILL)
+    asks the loop to stop after the current step and save; `requested` is then the signal's name. A
+    second Ctrl-C stops at once, a second SIGTERM terminates."""
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
         self.requested, self.previous = False, {}
-        if threading.current_thread() is threading.main_thread():  # signals can only be caught there
+        # signals can only be caught there
+        if threading.current_thread() is threading.main_thread():
             self.previous = {signum: signal.signal(signum, self._handler) for signum in self.SIGNALS}
         return self
 
@@ -442,8 +488,9 @@ class StopRequest:
                    + (" (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""))
 
     def agreed(self):
-        """The signal any rank got (a collective: torchrun forwards a signal to every rank, maybe not within the same
-        step, and any rank's request stops all), or False; kept in `requested`, so every rank reports it."""
+        """The signal any rank got (a collective: torchrun forwards a signal to every rank, maybe
+        not within the same step, and any rank's request stops all), or False; kept in `requested`,
+        so every rank reports it."""
         self.requested = next(filter(None, from_every_rank(self.requested)), False)
         return self.requested
 
@@ -453,30 +500,34 @@ class StopRequest:
 
 
 def resume_command() -> str:
-    """The command that continues this run: this process's own, with --resume (and without --overwrite); under
-    torchrun, train.py's part of it after torchrun's own options."""
+    """The command that continues this run: this process's own, with --resume (and without
+    --overwrite); under torchrun, train.py's part of it after torchrun's own options."""
     args = [arg for arg in sys.argv[1:] if arg.partition("=")[0] not in ("--resume", "--overwrite")] + ["--resume"]
-    command = shlex.join(["python", os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "train.py",
+    command = shlex.join(["python",
+                          os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "train.py",
                           *args])
     return f"torchrun [its options] {command.removeprefix('python ')}" if world_size() > 1 else command
 
 
 def report_stop(signal_name: str, where: str, cfg):
-    """Say that a signal stopped the run after `where` (a step), what holds it and how to go on (rank 0)."""
+    """Say that a signal stopped the run after `where` (a step), what holds it and how to go on
+    (rank 0)."""
     if rank() != 0:
         return
     if not cfg.save_checkpoints:
-        tqdm.write(f"{signal_name}: stopped after {where}; nothing was saved (save_checkpoints=False)")
+        tqdm.write(f"{signal_name}: stopped after {where}; nothing was saved "
+                   "(save_checkpoints=False)")
         return
-    tqdm.write(f"{signal_name}: stopped after {where}; {os.path.join(cfg.out_dir, 'ckpt.pt')} holds it. Continue "
-               f"with: {resume_command()}")
+    tqdm.write(f"{signal_name}: stopped after {where}; {os.path.join(cfg.out_dir, 'ckpt.pt')} "
+               f"holds it. Continue with: {resume_command()}")
 
 
 @contextlib.contextmanager
 def saved_on_failure(run, cfg, step: int, path: str):
-    """Around step `step`: if it raises, checkpoint the last complete step (run.step) to path when the weights are
-    still its (no optimizer update of the failed step had begun), with the question order put back to where that
-    step left it, so that --resume redoes the failed step; the error then says what was saved."""
+    """Around step `step`: if it raises, checkpoint the last complete step (run.step) to path when
+    the weights are still its (no optimizer update of the failed step had begun), with the question
+    order put back to where that step left it, so that --resume redoes the failed step; the error
+    then says what was saved."""
     stream_state, updates = run.stream.state_dict(), optimizer_updates(run.optimizer)
     try:
         yield
@@ -485,7 +536,8 @@ def saved_on_failure(run, cfg, step: int, path: str):
             saved = "nothing is saved (save_checkpoints=False)"
         elif optimizer_updates(run.optimizer) != updates:
             saved = f"the step had updated the weights, so {path} keeps the last checkpoint written"
-        elif dist.is_initialized() and cfg.sharding == "fsdp":  # gathering the shards would wait for the other ranks
+        elif dist.is_initialized() and cfg.sharding == "fsdp":
+            # gathering the shards would wait for the other ranks
             saved = f"under FSDP2 nothing is saved after a failure; {path} keeps the last checkpoint written"
         else:
             run.stream.load_state_dict(stream_state)
@@ -493,9 +545,12 @@ def saved_on_failure(run, cfg, step: int, path: str):
             saved = f"stopped before the update, so {path} keeps the last good weights, those of step {run.step}"
         if cfg.save_checkpoints:
             saved += f". Continue with: {resume_command()}"
-        if isinstance(error, torch.OutOfMemoryError):  # the measured need: memory_gb, each step's peak in log.jsonl
-            saved += (". Out of memory in a step: lower micro_batch_size or set grad_checkpointing=True (activations), "
-                      "lower logprob_chunk (logits), prompts_per_step, group_size or max_new_tokens (the KV cache)")
+        # the measured need: memory_gb, each step's peak in log.jsonl
+        if isinstance(error, torch.OutOfMemoryError):
+            saved += (". Out of memory in a step: lower micro_batch_size or set "
+                      "grad_checkpointing=True (activations), "
+                      "lower logprob_chunk (logits), prompts_per_step, group_size or "
+                      "max_new_tokens (the KV cache)")
         if isinstance(error, FloatingPointError):  # its message names the step and what to change
             raise FloatingPointError(f"step {step}: {error}; {saved}") from None
         if rank() == 0:

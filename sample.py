@@ -1,20 +1,22 @@
 """Batched sampling with a preallocated KV cache: the rollout engine of GRPO and of evaluation.
 
-generate() left-pads ragged prompts, prefills them (in one forward pass, or in pieces of rows when rows x length
-passes PREFILL_TOKENS), then decodes one token for every row per step. On CUDA a whole decode step (model,
-sampling, bookkeeping) is one CUDA graph replay with no host sync; the host looks at the batch only every
-CHECK_EVERY steps, to end when every row has stopped and to drop finished rows from the batch and the cache once
-half of them have. Attention reads only the first L cache slots, L rounded up to a multiple of BUCKET (one graph per
-bucket), so early steps don't read the whole cache.
+generate() left-pads ragged prompts, prefills them (in one forward pass, or in pieces of rows when
+rows x length passes PREFILL_TOKENS), then decodes one token for every row per step. On CUDA a whole
+decode step (model, sampling, bookkeeping) is one CUDA graph replay with no host sync; the host
+looks at the batch only every CHECK_EVERY steps, to end when every row has stopped and to drop
+finished rows from the batch and the cache once half of them have. Attention reads only the first L
+cache slots, L rounded up to a multiple of BUCKET (one graph per bucket), so early steps don't read
+the whole cache.
 
-The two GPU-only fast paths, CUDA graphs and the fused Triton sampling kernel (config keys cuda_graphs and
-fused_sampling), fall back to the eager torch path, the one the CPU tests run, on their first failure (a compile,
-a launch, a capture): one line says so, the path stays off for the rest of the process (fall_back), and every
-Rollout says which fast paths decoded it (Rollout.fast_paths; the step's log records it).
+The two GPU-only fast paths, CUDA graphs and the fused Triton sampling kernel (config keys
+cuda_graphs and fused_sampling), fall back to the eager torch path, the one the CPU tests run, on
+their first failure (a compile, a launch, a capture): one line says so, the path stays off for the
+rest of the process (fall_back), and every Rollout says which fast paths decoded it
+(Rollout.fast_paths; the step's log records it).
 
-Log-probs are those of log_softmax(logits / T) in fp32, before top-p/top-k truncation: with top_p < 1 or
-top_k > 0 tokens are drawn from the truncated distribution, so the samples are off-policy with respect to
-these log-probs (and to the policy the trainer scores).
+Log-probs are those of log_softmax(logits / T) in fp32, before top-p/top-k truncation: with top_p <
+1 or top_k > 0 tokens are drawn from the truncated distribution, so the samples are off-policy with
+respect to these log-probs (and to the policy the trainer scores).
 """
 import contextlib
 import copy
@@ -33,21 +35,27 @@ except ImportError:
 
 BUCKET = 128  # attended cache length is rounded up to a multiple of this: one CUDA graph per bucket
 CHECK_EVERY = 16  # decode steps between host syncs (all rows stopped? compact the batch?)
-PREFILL_TOKENS = 2 ** 17  # rows x padded prompt length per prefill forward: bounds the prefill's activations
+# rows x padded prompt length per prefill forward: bounds the prefill's activations
+PREFILL_TOKENS = 2 ** 17
 FAST_PATH_DEVICES = ("cuda",)  # where CUDA graphs and the Triton kernel are tried
-GRAPHS, FUSED = "CUDA graphs", "the fused Triton sampling kernel"  # the fast paths, by the names fall_back says
-SWITCHES = {GRAPHS: "cuda_graphs", FUSED: "fused_sampling"}  # each fast path's config key (and generate argument)
-FALLEN_BACK = {}  # fast path -> the line fall_back said: the paths that failed in this process, off from then on
+# the fast paths, by the names fall_back says
+GRAPHS, FUSED = "CUDA graphs", "the fused Triton sampling kernel"
+# each fast path's config key (and generate argument)
+SWITCHES = {GRAPHS: "cuda_graphs", FUSED: "fused_sampling"}
+# fast path -> the line fall_back said: the paths that failed in this process, off from then on
+FALLEN_BACK = {}
 
 
 def fall_back(path: str, doing: str, error: Exception):
-    """A GPU-only fast path failed while `doing` something: say so once, in one line a user can act on, and keep it
-    off for the rest of the process; the caller goes on with the eager torch path."""
+    """A GPU-only fast path failed while `doing` something: say so once, in one line a user can act
+    on, and keep it off for the rest of the process; the caller goes on with the eager torch
+    path."""
     if path in FALLEN_BACK:
         return
     reason = (str(error).strip().splitlines() or [""])[0][:200]
-    FALLEN_BACK[path] = (f"sample.py: {path} failed {doing} ({type(error).__name__}: {reason}); going on with the "
-                         f"eager torch path, slower but the same samples ({SWITCHES[path]}=False skips the attempt)")
+    FALLEN_BACK[path] = (f"sample.py: {path} failed {doing} ({type(error).__name__}: {reason}); "
+                         "going on with the eager torch path, slower but the same samples "
+                         f"({SWITCHES[path]}=False skips the attempt)")
     print(FALLEN_BACK[path], file=sys.stderr, flush=True)
 
 
@@ -55,10 +63,12 @@ def fall_back(path: str, doing: str, error: Exception):
 class Rollout:
     tokens: torch.Tensor  # [B, N] generated ids, pad_id after each row's end
     lengths: torch.Tensor  # [B] generated tokens per row, the stop sequence included
-    logprobs: torch.Tensor  # [B, N] fp32 log_softmax(logits / T) at the chosen ids (T = 1 if greedy); 0 after the end
-    stopped: torch.Tensor  # [B] True: the row ended with a stop sequence; False: cut at max_new_tokens
-    # {config key: whether that fast path decoded this rollout}, for each fast path asked for on a fast-path device
-    # (SWITCHES); {} elsewhere (the CPU has none to report)
+    # [B, N] fp32 log_softmax(logits / T) at the chosen ids (T = 1 if greedy); 0 after the end
+    logprobs: torch.Tensor
+    # [B] True: the row ended with a stop sequence; False: cut at max_new_tokens
+    stopped: torch.Tensor
+    # {config key: whether that fast path decoded this rollout}, for each fast path asked for on a
+    # fast-path device (SWITCHES); {} elsewhere (the CPU has none to report)
     fast_paths: dict = field(default_factory=dict)
 
     @property
@@ -67,50 +77,60 @@ class Rollout:
 
 
 @torch.inference_mode()
-def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), stop_sequences=(),
+def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(),
+             stop_sequences=(),
              seed=None, pad_id=0, cuda_graphs=True, fused_sampling=True) -> Rollout:
-    """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens sampled tokens.
+    """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens sampled
+    tokens.
 
-    A row ends right after it generates the last id of a stop sequence (a list of ids, such as the tokens of
-    "</answer>"; each of stop_ids is a sequence of one), the sequence kept in its output. Only a sequence
-    generated whole counts: one lying wholly or partly in the prompt does not stop the row. temperature 0 is
-    greedy; top_p / top_k truncate the sampling distribution (off-policy, see the module docstring). Same seed,
-    same device -> same output; seed None draws a fresh one. seed may also be a list, one per prompt: each row
-    then draws from its own generator, so its samples do not depend on the other rows of the batch (this runs the
-    eager loop). cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does); fused_sampling=False
-    samples with torch ops instead of the fused Triton kernel. Either fast path falls back to the eager one by itself
-    when it fails (module docstring).
+    A row ends right after it generates the last id of a stop sequence (a list of ids, such as the
+    tokens of "</answer>"; each of stop_ids is a sequence of one), the sequence kept in its output.
+    Only a sequence generated whole counts: one lying wholly or partly in the prompt does not stop
+    the row. temperature 0 is greedy; top_p / top_k truncate the sampling distribution (off-policy,
+    see the module docstring). Same seed, same device -> same output; seed None draws a fresh one.
+    seed may also be a list, one per prompt: each row then draws from its own generator, so its
+    samples do not depend on the other rows of the batch (this runs the eager loop).
+    cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does);
+    fused_sampling=False samples with torch ops instead of the fused Triton kernel. Either fast path
+    falls back to the eager one by itself when it fails (module docstring).
     """
     _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
     batch, prompt_len = len(prompts), max(len(p) for p in prompts)
-    max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8 keeps attention kernels aligned
+    # a multiple of 8 keeps attention kernels aligned
+    max_len = -(-(prompt_len + max_new_tokens) // 8) * 8
     _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
     if isinstance(seed, (list, tuple)):
         if len(seed) != batch:
-            raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one per prompt")
+            raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one "
+                             "per prompt")
         generator, cuda_graphs = [torch.Generator(device).manual_seed(s) for s in seed], False
     else:
         generator = torch.Generator(device)
         generator.manual_seed(seed) if seed is not None else generator.seed()
 
     ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
-    real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts], device=device)
+    real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts],
+                        device=device)
     key_mask = torch.cat([real, real.new_ones(batch, max_len - prompt_len)], dim=1)
     cache = KVCache(model.config, batch, max_len, device, dtype)
     positions, chunk, first = (real.cumsum(-1) - 1).clamp(min=0), max(1, PREFILL_TOKENS // prompt_len), []
-    for start in range(0, batch, chunk):  # the prefill, PREFILL_TOKENS at most per forward: each writes its rows' cache
+    # the prefill, PREFILL_TOKENS at most per forward: each writes its rows' cache
+    for start in range(0, batch, chunk):
         rows = slice(start, start + chunk)
-        hidden = model(ids[rows], positions=positions[rows], attention_mask=key_mask[rows, :prompt_len],
+        hidden = model(ids[rows], positions=positions[rows],
+                       attention_mask=key_mask[rows, :prompt_len],
                        cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
         first.append(model.lm_head(hidden[:, -1]))
-        del hidden  # the prefill's hidden states [rows, P, dim] are not kept through the decode loop
+        # the prefill's hidden states [rows, P, dim] are not kept through the decode loop
+        del hidden
     first = first[0] if len(first) == 1 else torch.cat(first)
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(batch, max_new_tokens, device=device)
     stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
     decoder = _Decoder(model, cache, key_mask, real.sum(-1), tokens, logprobs,
-                       (temperature, top_p, top_k, fused_sampling), stop, pad_id, generator, prompt_len)
+                       (temperature, top_p, top_k, fused_sampling), stop, pad_id, generator,
+                       prompt_len)
     decoder.record(first)
 
     use_graphs = cuda_graphs and device.type in FAST_PATH_DEVICES
@@ -125,9 +145,11 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
         decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
         if not use_graphs or GRAPHS in FALLEN_BACK:
             decoder.step()
-        elif (len(decoder.rows), decoder.attend) != shape:  # a new batch size or bucket: capture a new graph
+        elif (len(decoder.rows), decoder.attend) != shape:
+            # a new batch size or bucket: capture a new graph
             replay, shape = None, (len(decoder.rows), decoder.attend)
-            replay = _captured(decoder.step, generator, device)  # decodes this step, then captures it
+            # decodes this step, then captures it
+            replay = _captured(decoder.step, generator, device)
         else:
             replay()
 
@@ -135,7 +157,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     lengths = torch.where(stopped, decoder.ends, max_new_tokens)
     n = int(lengths.max())
     return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped, _fast_paths_used(
-        device, cuda_graphs, fused_sampling and isinstance(generator, torch.Generator), temperature, top_p, top_k))
+        device, cuda_graphs, fused_sampling and isinstance(generator,
+                                                           torch.Generator), temperature, top_p, top_k))
 
 
 def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
@@ -143,49 +166,54 @@ def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs a non-empty list of non-empty prompts (lists of token ids)")
     if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError(f"need max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
-                         f"{max_new_tokens}, {temperature}, {top_p}, {top_k}")
+        raise ValueError("need max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0; "
+                         f"got {max_new_tokens}, {temperature}, {top_p}, {top_k}")
     config.check_context(prompts, max_new_tokens)
     low, high = min(min(p) for p in prompts), max(max(p) for p in prompts)
     if low < 0 or high >= config.vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}); got ids from {low} to {high}")
+        raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}); got ids from "
+                         f"{low} to {high}")
 
 
 def _check_memory(config, batch, prompt_len, max_len, dtype, device):
-    """On CUDA, a ValueError before any work unless the KV cache and the prefill (prefill_nbytes) fit the free
-    memory."""
+    """On CUDA, a ValueError before any work unless the KV cache and the prefill (prefill_nbytes)
+    fit the free memory."""
     if device.type != "cuda":
         return
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     cache = KVCache.nbytes(config, batch, max_len, dtype)
     prefill = prefill_nbytes(config, batch, prompt_len, dtype)
     if cache + prefill > free:
-        raise ValueError(f"the KV cache for {batch} rows x {max_len} slots ({cache / 2**30:.2f} GiB) and the prefill "
-                         f"of {prompt_len}-token prompts ({prefill / 2**30:.2f} GiB) need more than the "
-                         f"{free / 2**30:.2f} GiB of GPU memory free: lower the batch size, the prompts' length or "
+        raise ValueError(f"the KV cache for {batch} rows x {max_len} slots ({cache / 2**30:.2f} "
+                         f"GiB) and the prefill of {prompt_len}-token prompts "
+                         f"({prefill / 2**30:.2f} GiB) need more than the {free / 2**30:.2f} GiB "
+                         "of GPU memory free: lower the batch size, the prompts' length or "
                          "max_new_tokens")
 
 
 def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
-    """The first `length` slots of `cache` (of these rows), sharing its memory: attention then reads only those."""
+    """The first `length` slots of `cache` (of these rows), sharing its memory: attention then reads
+    only those."""
     view = copy.copy(cache)
     view.k, view.v, view.max_len = cache.k[:, rows, :, :length], cache.v[:, rows, :, :length], length
     return view
 
 
 def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
-    """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence right-aligned to
-    end in the last column, -1 padding the shorter ones on the left; no stops at all gives [0, 1]."""
+    """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence
+    right-aligned to end in the last column, -1 padding the shorter ones on the left; no stops at
+    all gives [0, 1]."""
     for sequence in stop_sequences:
         if isinstance(sequence, (int, str)):
-            raise ValueError(f"stop_sequences is a list of token-id lists such as [[522, 9217, 29]]; got an element "
-                             f"{sequence!r}")
+            raise ValueError("stop_sequences is a list of token-id lists such as [[522, 9217, "
+                             f"29]]; got an element {sequence!r}")
     sequences = [[int(i)] for i in stop_ids] + [[int(i) for i in sequence] for sequence in stop_sequences]
     for sequence in sequences:
         if not sequence:
             raise ValueError("a stop sequence is empty: each needs at least one token id")
         if min(sequence) < 0 or max(sequence) >= vocab_size:
-            raise ValueError(f"stop sequence {sequence} has an id outside the model's vocabulary [0, {vocab_size})")
+            raise ValueError(f"stop sequence {sequence} has an id outside the model's vocabulary "
+                             f"[0, {vocab_size})")
     width = max(map(len, sequences), default=1)
     table = torch.full((len(sequences), width), -1, dtype=torch.long)
     for row, sequence in enumerate(sequences):
@@ -194,35 +222,46 @@ def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
 
 
 class _Decoder:
-    """The rows still decoding. step() feeds each row's last token and samples the next, all in place on the
-    device with no host sync, so that CUDA can capture it in a graph; compact() drops finished rows."""
+    """The rows still decoding. step() feeds each row's last token and samples the next, all in
+    place on the device with no host sync, so that CUDA can capture it in a graph; compact() drops
+    finished rows."""
 
-    def __init__(self, model, cache, key_mask, positions, tokens, logprobs, sampling, stop, pad_id, generator,
-                 first_slot):
+    def __init__(self, model, cache, key_mask, positions, tokens, logprobs, sampling, stop, pad_id,
+                 generator, first_slot):
         self.model, self.cache, self.key_mask, self.pos = model, cache, key_mask, positions
         self.tokens, self.logprobs = tokens, logprobs  # [B, max_new] outputs, indexed by self.rows
         self.sampling, self.pad_id, self.generator = sampling, pad_id, generator
-        self.stop, self.stop_pad = stop, stop < 0  # [S, L] stop sequences, right-aligned; -1 pads shorter ones
+        # [S, L] stop sequences, right-aligned; -1 pads shorter ones
+        self.stop, self.stop_pad = stop, stop < 0
         self.rows = torch.arange(len(positions), device=positions.device)
-        self.last = torch.full_like(self.rows, pad_id)  # each row's latest token, fed at the next step
-        # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop must be all generated
-        self.recent = torch.full((len(self.rows), stop.shape[1]), -1, dtype=torch.long, device=positions.device)
-        self.ends = torch.zeros_like(self.rows)  # [B] by self.rows: the row's length once it has stopped, else 0
+        # each row's latest token, fed at the next step
+        self.last = torch.full_like(self.rows, pad_id)
+        # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop must be
+        # all generated
+        self.recent = torch.full((len(self.rows), stop.shape[1]), -1, dtype=torch.long,
+                                 device=positions.device)
+        # [B] by self.rows: the row's length once it has stopped, else 0
+        self.ends = torch.zeros_like(self.rows)
         self.done = torch.zeros_like(self.rows, dtype=torch.bool)
-        self.n = torch.zeros((), dtype=torch.long, device=positions.device)  # tokens generated so far
-        self.first_slot = first_slot  # cache slot of the first generated token: the padded prompt length
+        # tokens generated so far
+        self.n = torch.zeros((), dtype=torch.long, device=positions.device)
+        # cache slot of the first generated token: the padded prompt length
+        self.first_slot = first_slot
         self.attend = key_mask.shape[1]  # cache slots read by attention; set per bucket by the host
 
     def record(self, logits):
-        """Sample from logits [b, V] into output column n; rows already done get pad_id and log-prob 0."""
+        """Sample from logits [b, V] into output column n; rows already done get pad_id and log-prob
+        0."""
         temperature, top_p, top_k, fused = self.sampling
         ids, logprobs = sample_next(logits, temperature, top_p, top_k, self.generator, fused)
-        ids, logprobs = ids.masked_fill(self.done, self.pad_id), logprobs.masked_fill(self.done, 0.0)
+        ids, logprobs = ids.masked_fill(self.done,
+                                        self.pad_id), logprobs.masked_fill(self.done, 0.0)
         column = (self.rows, self.n.expand_as(self.rows))
         self.tokens.index_put_(column, ids)
         self.logprobs.index_put_(column, logprobs)
         self.recent.copy_(torch.cat([self.recent[:, 1:], ids[:, None]], dim=1))
-        # a row ends when its newest ids equal some stop sequence in every column that sequence fills
+        # a row ends when its newest ids equal some stop sequence in every column that sequence
+        # fills
         ends_now = ((self.recent[:, None] == self.stop) | self.stop_pad).all(-1).any(-1) & ~self.done
         self.ends.index_put_((self.rows,), torch.where(ends_now, self.n + 1, self.ends[self.rows]))
         self.done |= ends_now
@@ -231,7 +270,8 @@ class _Decoder:
 
     def step(self):
         hidden = self.model(self.last[:, None], positions=self.pos[:, None],
-                            attention_mask=self.key_mask[:, :self.attend], cache=prefix_view(self.cache, self.attend),
+                            attention_mask=self.key_mask[:, :self.attend],
+                            cache=prefix_view(self.cache, self.attend),
                             cache_index=self.n + (self.first_slot - 1), return_hidden=True)
         self.pos += 1
         self.record(self.model.lm_head(hidden[:, 0]))
@@ -239,19 +279,21 @@ class _Decoder:
     def compact(self):
         keep = (~self.done).nonzero()[:, 0]
         self.rows, self.last, self.recent, self.pos, self.done, self.key_mask = (
-            t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.done, self.key_mask))
+            t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.done,
+                              self.key_mask))
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
         if isinstance(self.generator, list):
             self.generator = [self.generator[i] for i in keep.tolist()]
 
 
-GRAPH_RESOURCES = {}  # device -> (side stream, pool id, keeper graph): one of each serves every capture of the process
+# device -> (side stream, pool id, keeper graph): one of each serves every capture of the process
+GRAPH_RESOURCES = {}
 
 
 def _captured(step, generator, device):
-    """Run step() once for real (a warm-up that decodes this step's token), then capture it in a CUDA graph, both on
-    the side stream every capture shares; returns the graph's replay, or None when the capture failed (fall_back:
-    the caller goes on eagerly)."""
+    """Run step() once for real (a warm-up that decodes this step's token), then capture it in a
+    CUDA graph, both on the side stream every capture shares; returns the graph's replay, or None
+    when the capture failed (fall_back: the caller goes on eagerly)."""
     try:
         stream, pool, _ = _graph_resources(device)
     except Exception as error:  # no CUDA stream or pool to be had on this device
@@ -274,15 +316,17 @@ def _captured(step, generator, device):
 
 
 def _graph_resources(device):
-    """The side stream and the memory pool that every capture on device shares, made once per process.
+    """The side stream and the memory pool that every capture on device shares, made once per
+    process.
 
-    The pool lives as long as the process because a graph captured into it does: the keeper, a one-kernel graph
-    never replayed. A bare pool id (graph_pool_handle) would not do: the device's caching allocator and the pinned
-    host one each count a pool's users (capture_begin adds one in both, a freed graph takes its one back: torch 2.11,
-    c10/cuda/CUDACachingAllocator.cpp create_or_incref_pool and releasePool, aten/src/ATen/core/
-    CachingHostAllocator.h) and refuse a capture into a pool whose count fell to 0, as it does when a rollout's
-    graphs are freed; a torch.cuda.MemPool holds a count in the device allocator only. With the keeper, every capture
-    of every rollout reuses the pool's memory: reserved memory stays flat from step to step."""
+    The pool lives as long as the process because a graph captured into it does: the keeper, a
+    one-kernel graph never replayed. A bare pool id (graph_pool_handle) would not do: the device's
+    caching allocator and the pinned host one each count a pool's users (capture_begin adds one in
+    both, a freed graph takes its one back: torch 2.11, c10/cuda/CUDACachingAllocator.cpp
+    create_or_incref_pool and releasePool, aten/src/ATen/core/ CachingHostAllocator.h) and refuse a
+    capture into a pool whose count fell to 0, as it does when a rollout's graphs are freed; a
+    torch.cuda.MemPool holds a count in the device allocator only. With the keeper, every capture of
+    every rollout reuses the pool's memory: reserved memory stays flat from step to step."""
     if device not in GRAPH_RESOURCES:
         with torch.cuda.device(device):
             stream, pool, keeper = torch.cuda.Stream(device), torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph()
@@ -295,9 +339,10 @@ def _graph_resources(device):
 
 
 def _unstick(generator, device):
-    """After a capture that failed once begun: each CUDA generator it registered (ours and the device's default one)
-    is left marked as capturing, and its next eager draw fails ("Offset increment outside graph capture"); give each
-    a fresh copy of its own state (the same seed and offset), so the eager path draws what it would have."""
+    """After a capture that failed once begun: each CUDA generator it registered (ours and the
+    device's default one) is left marked as capturing, and its next eager draw fails ("Offset
+    increment outside graph capture"); give each a fresh copy of its own state (the same seed and
+    offset), so the eager path draws what it would have."""
     if device.type != "cuda":
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -306,17 +351,20 @@ def _unstick(generator, device):
 
 
 def _capture(step, generator, pool):
-    """step() captured in a CUDA graph in pool, each replay drawing fresh noise from generator; returns its replay. A
-    failure inside the capture ends it before the error propagates, so the stream is usable again (for the eager
-    path, and for the checkpoint that a failing step writes)."""
+    """step() captured in a CUDA graph in pool, each replay drawing fresh noise from generator;
+    returns its replay. A failure inside the capture ends it before the error propagates, so the
+    stream is usable again (for the eager path, and for the checkpoint that a failing step
+    writes)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     graph.register_generator_state(generator)
-    graph.capture_begin(pool=pool)  # not torch.cuda.graph(): its gc.collect() per capture costs more than a step
+    # not torch.cuda.graph(): its gc.collect() per capture costs more than a step
+    graph.capture_begin(pool=pool)
     try:
         step()
     except BaseException:
-        with contextlib.suppress(Exception):  # the step's error is the story, not the aborted capture's
+        # the step's error is the story, not the aborted capture's
+        with contextlib.suppress(Exception):
             graph.capture_end()
         raise
     graph.capture_end()
@@ -324,18 +372,21 @@ def _capture(step, generator, pool):
 
 
 def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
-    """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before truncation).
-    generator: one torch.Generator, or a list of B (row b's noise from generator[b]: per-row seeds).
+    """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before
+    truncation). generator: one torch.Generator, or a list of B (row b's noise from generator[b]:
+    per-row seeds).
 
-    temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T - log E) with
-    E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in a CUDA graph. fused: on
-    CUDA, the fused Triton kernel where it applies (falling back to the torch ops below if it fails).
+    temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T - log
+    E) with E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in
+    a CUDA graph. fused: on CUDA, the fused Triton kernel where it applies (falling back to the
+    torch ops below if it fails).
     """
     one_generator = isinstance(generator, torch.Generator)
     if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
         try:
             return _fused_gumbel_sample(logits, temperature, generator)
-        except Exception as error:  # Triton builds its launcher with a C compiler on first use; a launch can fail
+        except Exception as error:
+            # Triton builds its launcher with a C compiler on first use; a launch can fail
             fall_back(FUSED, "to compile or launch", error)
     logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
     if temperature == 0:
@@ -346,21 +397,22 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
         scores = logprobs - noise.log_()
         keep = truncation_mask(logprobs, top_p, top_k)
         if keep is not None:
-            scores.masked_fill_(~keep, float("-inf"))  # after the noise: no inf - inf even if E were 0
+            # after the noise: no inf - inf even if E were 0
+            scores.masked_fill_(~keep, float("-inf"))
         ids = scores.argmax(-1)
     return ids, logprobs.gather(-1, ids[:, None])[:, 0]
 
 
 def _fused_possible(device, temperature, top_p, top_k) -> bool:
-    """Whether the fused kernel applies: Triton importable, a fast-path device, plain tempered sampling, and the
-    kernel not fallen back from in this process."""
+    """Whether the fused kernel applies: Triton importable, a fast-path device, plain tempered
+    sampling, and the kernel not fallen back from in this process."""
     return (triton is not None and device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
             and top_k == 0 and FUSED not in FALLEN_BACK)
 
 
 def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor | None:
-    """scaled [B, V] -> keep [B, V] bool: the top_k largest (ties kept), then the smallest set holding top_p of
-    the remaining mass; None when nothing is truncated."""
+    """scaled [B, V] -> keep [B, V] bool: the top_k largest (ties kept), then the smallest set
+    holding top_p of the remaining mass; None when nothing is truncated."""
     keep = None
     if top_k > 0:
         keep = scaled >= scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
@@ -368,7 +420,8 @@ def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
         masked = scaled if keep is None else scaled.masked_fill(~keep, float("-inf"))
         ranked, order = masked.sort(dim=-1, descending=True)
         probs = ranked.softmax(-1)
-        inside = probs.cumsum(-1) - probs < top_p  # the tokens ranked above hold less than top_p of the mass
+        # the tokens ranked above hold less than top_p of the mass
+        inside = probs.cumsum(-1) - probs < top_p
         inside = torch.empty_like(inside).scatter_(-1, order, inside)
         keep = inside if keep is None else keep & inside
     return keep
@@ -376,18 +429,20 @@ def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
 
 if triton is not None:
     @triton.jit
-    def _gumbel_chunk_kernel(logits, seed, chunk_max, chunk_sumexp, chunk_score, chunk_id, vocab, inv_temperature,
-                             BLOCK: tl.constexpr):
-        """Program (row, chunk): over BLOCK logits, the max and sum of exp(x - max) of x = logit / T (for the
-        log-normaliser) and the best x + Gumbel noise with its id; noise from Philox keyed by a drawn seed."""
+    def _gumbel_chunk_kernel(logits, seed, chunk_max, chunk_sumexp, chunk_score, chunk_id, vocab,
+                             inv_temperature, BLOCK: tl.constexpr):
+        """Program (row, chunk): over BLOCK logits, the max and sum of exp(x - max) of x = logit / T
+        (for the log-normaliser) and the best x + Gumbel noise with its id; noise from Philox keyed
+        by a drawn seed."""
         row, chunk = tl.program_id(0), tl.program_id(1)
         cols = chunk * BLOCK + tl.arange(0, BLOCK)
         # the address in int64: rows * vocab passes 2^31 at 14,134 rows of Qwen's 151,936 logits
         x = tl.load(logits + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
         x = x * inv_temperature
         top = tl.max(x, 0)
-        # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across far-apart rows
-        noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))  # uniform in [0, 1): finite noise
+        # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across
+        # far-apart rows uniform in [0, 1): finite noise
+        noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))
         out = row * tl.num_programs(1) + chunk
         tl.store(chunk_max + out, top)
         tl.store(chunk_sumexp + out, tl.sum(tl.exp(x - top), 0))
@@ -396,23 +451,27 @@ if triton is not None:
 
 
 def _fused_gumbel_sample(logits, temperature, generator, block=4096):
-    """sample_next's Gumbel-max for CUDA: one pass over the bf16 logits instead of ~8 over fp32 copies."""
+    """sample_next's Gumbel-max for CUDA: one pass over the bf16 logits instead of ~8 over fp32
+    copies."""
     logits = logits.contiguous()
     rows, vocab = logits.shape
     chunks = triton.cdiv(vocab, block)
     top, sumexp, score = (torch.empty(rows, chunks, device=logits.device) for _ in range(3))
     chunk_id = torch.empty(rows, chunks, dtype=torch.long, device=logits.device)
     seed = torch.randint(2**31 - 1, (1,), device=logits.device, generator=generator)
-    _gumbel_chunk_kernel[(rows, chunks)](logits, seed, top, sumexp, score, chunk_id, vocab, 1.0 / temperature,
+    _gumbel_chunk_kernel[(rows,
+                          chunks)](logits, seed, top, sumexp, score, chunk_id, vocab,
+                                   1.0 / temperature,
                                          BLOCK=block, num_warps=8)
     return _combine_chunks(logits, temperature, top, sumexp, score, chunk_id)
 
 
 def _combine_chunks(logits, temperature, top, sumexp, score, chunk_id):
-    """The fused kernel's per-chunk results [rows, chunks] -> (ids [rows], log-probs [rows]): the best noisy score's
-    id and log_softmax(logits / T) there. A row with a NaN logit (a diverged model) yields a NaN log-prob, as the
-    torch path does; its id is clamped into the vocabulary, since an argmax over NaN can name a slot past its end and
-    the gather would then stop the whole process with a device-side assert that no fallback can catch."""
+    """The fused kernel's per-chunk results [rows, chunks] -> (ids [rows], log-probs [rows]): the
+    best noisy score's id and log_softmax(logits / T) there. A row with a NaN logit (a diverged
+    model) yields a NaN log-prob, as the torch path does; its id is clamped into the vocabulary,
+    since an argmax over NaN can name a slot past its end and the gather would then stop the whole
+    process with a device-side assert that no fallback can catch."""
     most = top.amax(-1, keepdim=True)
     log_normaliser = most + (sumexp * (top - most).exp()).sum(-1, keepdim=True).log()
     ids = chunk_id.gather(-1, score.argmax(-1, keepdim=True)).clamp_(0, logits.shape[-1] - 1)
@@ -421,8 +480,9 @@ def _combine_chunks(logits, temperature, top, sumexp, score, chunk_id):
 
 
 def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, top_k) -> dict:
-    """Rollout.fast_paths: for each fast path asked for on a fast-path device, whether it decoded the rollout (it did
-    not when it fell back, or when the fused kernel does not apply to this sampling)."""
+    """Rollout.fast_paths: for each fast path asked for on a fast-path device, whether it decoded
+    the rollout (it did not when it fell back, or when the fused kernel does not apply to this
+    sampling)."""
     if device.type not in FAST_PATH_DEVICES:
         return {}
     used = {}
@@ -434,11 +494,12 @@ def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, to
 
 
 def prefill_nbytes(config, batch_size: int, prompt_len: int, dtype: torch.dtype) -> int:
-    """The transient memory of generate's prefill of batch_size prompts of prompt_len tokens (a rollout's largest
-    forward), in bytes, at least: for the rows of one prefill forward (PREFILL_TOKENS), the larger of one layer's
-    attention (q, K and V repeated to every head as model.attention_kv does on CUDA, its output) and its MLP (two
-    activations of ffn_dim and their product), the residual stream and its normed copy; and every row's last-position
-    logits (in dtype, in fp32, the sampling noise)."""
+    """The transient memory of generate's prefill of batch_size prompts of prompt_len tokens (a
+    rollout's largest forward), in bytes, at least: for the rows of one prefill forward
+    (PREFILL_TOKENS), the larger of one layer's attention (q, K and V repeated to every head as
+    model.attention_kv does on CUDA, its output) and its MLP (two activations of ffn_dim and their
+    product), the residual stream and its normed copy; and every row's last-position logits (in
+    dtype, in fp32, the sampling noise)."""
     elem = torch.empty((), dtype=dtype).element_size()
     tokens = min(batch_size, max(1, PREFILL_TOKENS // prompt_len)) * prompt_len
     attention = 4 * tokens * config.n_heads * config.head_dim * elem

@@ -1,17 +1,17 @@
 """
-Supervised fine-tuning: the warm start on worked solutions (the SFT stage of the R1 pipeline), and the baselines GRPO
-is measured against, which train.py's loop runs in place of grpo_step (config key `method`) with the same questions,
-completions per step, warm start and held-out set:
+Supervised fine-tuning: the warm start on worked solutions (the SFT stage of the R1 pipeline), and
+the baselines GRPO is measured against, which train.py's loop runs in place of grpo_step (config key
+`method`) with the same questions, completions per step, warm start and held-out set:
 
     rft           rejection-sampling fine-tuning (RFT, STaR): GRPO's samples, one supervised step on the correct ones
     sft_answers   one supervised step on prompts_per_step * group_size training rows (their answers alone, with
                   dataset="synthetic_split": "</think> <answer>N</answer>")
     sft_more      the same on warm-start rows: more of the warm start
 
-The loss is next-token cross-entropy on the completion only (the prompt is context, not a target), averaged over
-every completion token of the batch (sft_loss_backward). A baseline step returns what it computed, (its samples or
-None, its update's stats), as grpo_step does, and the loop records it; config.validate keeps the baselines to one
-process.
+The loss is next-token cross-entropy on the completion only (the prompt is context, not a target),
+averaged over every completion token of the batch (sft_loss_backward). A baseline step returns what
+it computed, (its samples or None, its update's stats), as grpo_step does, and the loop records it;
+config.validate keeps the baselines to one process.
 """
 import json
 import os
@@ -23,17 +23,17 @@ from tqdm import tqdm
 
 from checkpoint import save_warm_start
 from distributed import copy_weights, rank
-from grpo import (completion_logprobs, configure_optimizer, make_micro_batches, optimizer_step, optimizer_updates,
-                  warmup_lr)
+from grpo import (completion_logprobs, configure_optimizer, make_micro_batches, optimizer_step,
+                  optimizer_updates, warmup_lr)
 from rollout import Samples, sample_groups
 from run_management import report_stop, resume_command
 from template import R1_ZERO, Template, stop_token_ids
 
 
 def sft_text(row: dict, template: Template = R1_ZERO) -> str:
-    """The warm-start target after the prompt's response prefix ("<think>"): the worked solution, then the tagged
-    answer, in the template's tags (Template.target_text). GSM8K's calculator annotations <<a*b=c>> and its final
-    "#### N" line are dropped."""
+    """The warm-start target after the prompt's response prefix ("<think>"): the worked solution,
+    then the tagged answer, in the template's tags (Template.target_text). GSM8K's calculator
+    annotations <<a*b=c>> and its final "#### N" line are dropped."""
     lines = [line for line in row["solution"].splitlines() if not line.lstrip().startswith("####")]
     reasoning = "\n".join(lines)
     while "<<" in reasoning and ">>" in reasoning.split("<<", 1)[1]:
@@ -43,13 +43,16 @@ def sft_text(row: dict, template: Template = R1_ZERO) -> str:
 
 
 def sft_target(tokenizer, row: dict, template: Template = R1_ZERO) -> list[int]:
-    """The token ids an SFT step trains on for row: sft_text, then the first stop token (no BOS mid-row). An
-    answer-only row ("#### N") gives "</think> <answer>N</answer>": no reasoning."""
-    return tokenizer.encode(sft_text(row, template), add_special_tokens=False) + [stop_token_ids(tokenizer)[0]]
+    """The token ids an SFT step trains on for row: sft_text, then the first stop token (no BOS
+    mid-row). An answer-only row ("#### N") gives "</think> <answer>N</answer>": no reasoning."""
+    return tokenizer.encode(sft_text(row,
+                                     template), add_special_tokens=False) + [stop_token_ids(tokenizer)[0]]
 
 
-def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device, autocast, chunk) -> torch.Tensor:
-    """Backward of the mean next-token loss over all target tokens (micro-batched, exact); returns the loss."""
+def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device, autocast,
+                      chunk) -> torch.Tensor:
+    """Backward of the mean next-token loss over all target tokens (micro-batched, exact); returns
+    the loss."""
     batches = make_micro_batches(prompts, targets, micro_batch_size, pad_id, device)
     n_tok = sum(b.mask.sum() for b in batches)
     loss = 0
@@ -62,15 +65,17 @@ def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device,
     return loss
 
 
-def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast, state: dict | None = None, stop=None,
-               warm_set: str = "", run_id: str = "") -> int:
-    """cfg.sft_steps SFT steps on batches of cfg.sft_batch_size (prompt, target) token-id pairs drawn by a
-    random.Random(cfg.seed), with its own AdamW; one JSON line per step appended to out_dir/sft_log.jsonl.
-    Resumable: every cfg.sft_checkpoint_every steps, when stop (a run_management.StopRequest) has a signal, and before
-    an exception in a step propagates (the previous step, when the failed one had not begun its update), the weights,
-    optimizer and batch order go to out_dir/ckpt.pt (checkpoint.save_warm_start, with the warm-start set's
-    fingerprint and the run's id); given that checkpoint's state (its weights already in model), the warm start goes
-    on with the very steps an unstopped one takes. Returns the steps done: fewer than sft_steps when stopped."""
+def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
+               state: dict | None = None, stop=None, warm_set: str = "", run_id: str = "") -> int:
+    """cfg.sft_steps SFT steps on batches of cfg.sft_batch_size (prompt, target) token-id pairs
+    drawn by a random.Random(cfg.seed), with its own AdamW; one JSON line per step appended to
+    out_dir/sft_log.jsonl. Resumable: every cfg.sft_checkpoint_every steps, when stop (a
+    run_management.StopRequest) has a signal, and before an exception in a step propagates (the
+    previous step, when the failed one had not begun its update), the weights, optimizer and batch
+    order go to out_dir/ckpt.pt (checkpoint.save_warm_start, with the warm-start set's fingerprint
+    and the run's id); given that checkpoint's state (its weights already in model), the warm start
+    goes on with the very steps an unstopped one takes. Returns the steps done: fewer than sft_steps
+    when stopped."""
     optimizer = configure_optimizer(model, cfg.sft_lr, cfg.weight_decay, cfg.adam_betas)
     rng, first, path = random.Random(cfg.seed), 1, os.path.join(cfg.out_dir, "ckpt.pt")
     if state is not None:
@@ -82,25 +87,31 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast, stat
         log.flush()  # the log holds every step the checkpoint holds
         save_warm_start(model, optimizer, cfg, step, rng_state, warm_set, run_id, path)
     with open(os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull, "a") as log:
-        for step in (bar := tqdm(range(first, cfg.sft_steps + 1), initial=first - 1, total=cfg.sft_steps, desc="sft",
+        for step in (bar := tqdm(range(first, cfg.sft_steps + 1), initial=first - 1,
+                                 total=cfg.sft_steps, desc="sft",
                                  dynamic_ncols=True, disable=rank() != 0)):
             before, updates = rng.getstate(), optimizer_updates(optimizer)
             try:
                 picked = rng.sample(range(len(prompts)), min(cfg.sft_batch_size, len(prompts)))
-                loss = sft_loss_backward(model, [prompts[i] for i in picked], [targets[i] for i in picked],
-                                         cfg.micro_batch_size, pad_id, device, autocast, cfg.logprob_chunk)
-                optimizer_step(model, optimizer, warmup_lr(cfg.sft_lr, step, cfg.warmup_steps), cfg.grad_clip,
-                               loss=loss)
+                loss = sft_loss_backward(model, [prompts[i] for i in picked],
+                                         [targets[i] for i in picked],
+                                         cfg.micro_batch_size, pad_id, device, autocast,
+                                         cfg.logprob_chunk)
+                optimizer_step(model, optimizer, warmup_lr(cfg.sft_lr, step, cfg.warmup_steps),
+                               cfg.grad_clip, loss=loss)
             except Exception as error:
-                if optimizer_updates(optimizer) == updates and step > first:  # the weights are still step - 1's
+                # the weights are still step - 1's
+                if optimizer_updates(optimizer) == updates and step > first:
                     save(step - 1, before)
                     if rank() == 0:
-                        tqdm.write(f"warm-start step {step} failed ({type(error).__name__}: {error}); {path} holds "
-                                   f"warm-start step {step - 1}. Continue with: {resume_command()}")
+                        tqdm.write(f"warm-start step {step} failed ({type(error).__name__}: "
+                                   f"{error}); {path} holds warm-start step {step - 1}. Continue "
+                                   f"with: {resume_command()}")
                 raise
             bar.set_postfix(loss=f"{loss.item():.3f}")
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
-            # a signal in the last step stops the run once RL's first checkpoint is written (train.setup)
+            # a signal in the last step stops the run once RL's first checkpoint is written
+            # (train.setup)
             stopping = stop.agreed() if stop is not None and step < cfg.sft_steps else False
             if stopping or (cfg.sft_checkpoint_every and step % cfg.sft_checkpoint_every == 0):
                 save(step, rng.getstate())
@@ -114,9 +125,11 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast, stat
 
 
 def supervised_update(run, cfg, step: int, prompts: list, targets: list) -> dict:
-    """One optimizer step on the mean next-token loss of targets after prompts; the sampler follows the policy."""
+    """One optimizer step on the mean next-token loss of targets after prompts; the sampler follows
+    the policy."""
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
-    loss = sft_loss_backward(run.policy, prompts, targets, cfg.micro_batch_size, run.tokenizer.pad_token_id,
+    loss = sft_loss_backward(run.policy, prompts, targets, cfg.micro_batch_size,
+                             run.tokenizer.pad_token_id,
                              run.policy.lm_head.weight.device, run.autocast, cfg.logprob_chunk)
     grad_norm = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip, loss=loss)
     if run.sampler is not run.policy:
@@ -125,8 +138,9 @@ def supervised_update(run, cfg, step: int, prompts: list, targets: list) -> dict
 
 
 def rft_step(run, cfg, step: int) -> tuple[Samples, dict]:
-    """One step of rejection-sampling fine-tuning: grpo_step's samples, then one supervised update on the correct
-    ones only; none correct, no update. kept_fraction is the share of samples trained on."""
+    """One step of rejection-sampling fine-tuning: grpo_step's samples, then one supervised update
+    on the correct ones only; none correct, no update. kept_fraction is the share of samples trained
+    on."""
     samples = sample_groups(run, cfg, step)
     kept = [i for i, correct in enumerate(samples.components["correctness"]) if correct == 1.0]
     t1 = time.perf_counter()
@@ -138,8 +152,9 @@ def rft_step(run, cfg, step: int) -> tuple[Samples, dict]:
 
 
 def sft_step(run, cfg, step: int) -> tuple[None, dict]:
-    """One supervised step on prompts_per_step * group_size training rows (GRPO's completions per step): the RL
-    rows' answers alone ("sft_answers"), or warm-start rows ("sft_more": train.setup gives it those as its rows)."""
+    """One supervised step on prompts_per_step * group_size training rows (GRPO's completions per
+    step): the RL rows' answers alone ("sft_answers"), or warm-start rows ("sft_more": train.setup
+    gives it those as its rows)."""
     start = time.perf_counter()
     picked = run.stream.next(cfg.prompts_per_step * cfg.group_size)
     update = supervised_update(run, cfg, step, [run.prompts[i] for i in picked],
