@@ -86,7 +86,8 @@ def _shown(completion):
 
 
 # what a reward function may read beyond the completion and the gold answer, each by naming it as a
-# parameter per completion
+# parameter
+# per completion
 REWARD_INFO = ("question", "truncated", "length", "max_new_tokens", "template", "answer_checker")
 # batched, after (completions, golds,
 BATCHED_REWARD_INFO = ("truncated", "lengths", "max_new_tokens", "template",

@@ -441,7 +441,8 @@ if triton is not None:
         x = x * inv_temperature
         top = tl.max(x, 0)
         # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across
-        # far-apart rows uniform in [0, 1): finite noise
+        # far-apart rows
+        # uniform in [0, 1): finite noise
         noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))
         out = row * tl.num_programs(1) + chunk
         tl.store(chunk_max + out, top)

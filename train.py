@@ -161,7 +161,8 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs)
     # 2. reference log-probs for the KL penalty (beta > 0), and for mu > 1 the sampling policy's for
-    # the ratio the reference: a frozen copy, or with LoRA the policy itself with its adapters off
+    # the ratio
+    # the reference: a frozen copy, or with LoRA the policy itself with its adapters off
     if cfg.beta > 0:
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature,
