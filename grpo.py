@@ -4,9 +4,9 @@ advantages, the clipped objective and its variants, and the micro-batched update
 exact, in the order a step reads them:
 
     batches = make_micro_batches(prompts, completions, size, pad_id, device, sampler_logprobs)
-    add_logprobs(reference, batches, "ref_logp", temperature, chunk, autocast)   # beta > 0: the KL's anchor
-    set_advantages(batches, advantages_of(samples, batches, cfg))     # group-relative, per completion or per token
-    stats = update(policy, optimizer, batches, cfg, lr, autocast)      # mu optimizer steps on grpo_loss
+    add_logprobs(reference, batches, "ref_logp", temperature, chunk, autocast)  # beta > 0: anchor
+    set_advantages(batches, advantages_of(samples, batches, cfg))  # per completion or per token
+    stats = update(policy, optimizer, batches, cfg, lr, autocast)  # mu optimizer steps on grpo_loss
 
 The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE), process_advantages
 (per-step rewards), grpo_loss (PPO-clipped ratio per token or GSPO's per sequence, DAPO's
@@ -122,12 +122,15 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
     for start in range(0, targets.numel(), chunk):
         args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk],
                 temperature)
-        logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled() \
-            else _chunk_logprobs(*args)
+        if torch.is_grad_enabled():
+            logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            logp, ent = _chunk_logprobs(*args)
         pieces.append(logp)
         entropy = entropy + ent
     values = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-    return torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values), entropy
+    logp = torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values)
+    return logp, entropy
 
 
 def _chunk_logprobs(lm_head, hidden, targets, temperature):
@@ -162,7 +165,9 @@ def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
         return advantages
     rewards, ends, mask = claim_tensors(samples.claims)
     process = process_advantages(rewards, ends, cfg.group_size, max(samples.lengths), mask)
-    return process if cfg.supervision == "process" else advantages[:, None] + cfg.process_weight * process
+    if cfg.supervision == "process":
+        return process
+    return advantages[:, None] + cfg.process_weight * process  # "both"
 
 
 def sequence_sums(batches: list[MicroBatch], values, n: int) -> torch.Tensor:
@@ -228,7 +233,7 @@ def zero_std_group_fraction(rewards, group_size):
     return (grouped == grouped[:, :1]).all(dim=1).float().mean()
 
 
-def claim_tensors(claims: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def claim_tensors(claims: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, ...]:
     """Per-completion claims [(token index of the claim's end, reward)] -> grpo.process_advantages'
     claim_rewards [B, S] float, claim_ends [B, S] long and claim_mask [B, S] bool, right-padded to
     the most claims S."""
@@ -257,7 +262,9 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
     if group_size < 1 or claim_rewards.shape[0] % group_size:
         raise ValueError(f"batch of {claim_rewards.shape[0]} sequences is not a whole number of "
                          f"groups of size {group_size}")
-    claim_mask = torch.ones_like(claim_ends, dtype=torch.bool) if claim_mask is None else claim_mask.bool()
+    if claim_mask is None:
+        claim_mask = torch.ones_like(claim_ends, dtype=torch.bool)
+    claim_mask = claim_mask.bool()
     if claim_mask.shape != claim_ends.shape:
         raise ValueError(f"claim_mask has shape {tuple(claim_mask.shape)}, claim_ends has "
                          f"{tuple(claim_ends.shape)}")
@@ -292,7 +299,9 @@ def set_advantages(batches: list[MicroBatch], advantages: torch.Tensor):
     columns."""
     for batch in batches:
         rows = advantages[batch.rows]
-        batch.advantages = (rows if advantages.dim() == 1 else rows[:, :batch.mask.shape[1]]).to(batch.ids.device)
+        if advantages.dim() == 2:  # per token: this micro-batch's N completion columns
+            rows = rows[:, :batch.mask.shape[1]]
+        batch.advantages = rows.to(batch.ids.device)
 
 
 # -----------------------------------------------------------------------------
@@ -406,7 +415,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     4e-4). loss_agg, with N = num_sequences, |o_i| = masked tokens of row i:
         "seq_mean"   (DeepSeekMath): sum_i (sum_t loss_it / |o_i|) / N
         "token_mean" (DAPO):         sum_it loss_it / num_tokens
-        "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N), constant_norm e.g. max_new_tokens
+        "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N), e.g. max_new_tokens
     num_sequences, num_tokens, constant_norm default to this call's own B, mask.sum() and T; under
     gradient accumulation pass the WHOLE batch's to every micro-batch (the module docstring's
     contract; policy_gradient). stats (detached 0-d tensors, no host sync), each a sum over this
@@ -430,8 +439,9 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
         ratio = token_ratio
     elif importance_sampling_level == "sequence":
         # GSPO: one ratio per sequence, shared by its tokens
-        lengths = weights.sum(dim=1, keepdim=True).clamp(min=1)
-        ratio = torch.exp(((logp - old_logp) * weights).sum(dim=1, keepdim=True) / lengths).expand_as(logp)
+        lengths = weights.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
+        mean_log_ratio = ((logp - old_logp) * weights).sum(dim=1, keepdim=True) / lengths  # [B, 1]
+        ratio = torch.exp(mean_log_ratio).expand_as(logp)
     else:
         raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}")
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
@@ -466,7 +476,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     elif loss_agg == "token_mean":
         loss = masked_sum.sum() / (weights.sum().clamp(min=1) if num_tokens is None else num_tokens)
     elif loss_agg == "constant":
-        loss = masked_sum.sum() / ((logp.shape[1] if constant_norm is None else constant_norm) * n_seq)
+        width = logp.shape[1] if constant_norm is None else constant_norm
+        loss = masked_sum.sum() / (width * n_seq)
     else:
         raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
 
@@ -476,7 +487,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
         def token_mean(x):
             return (x.float() * weights).sum() / token_count
         stats = {
-            "kl": token_mean(kl) if kl is not None else torch.tensor(float("nan"), device=logp.device),
+            "kl": torch.tensor(float("nan"), device=logp.device) if kl is None else token_mean(kl),
             "clip_frac_low": token_mean((adv < 0) & (ratio < 1 - clip_eps)),
             "clip_frac_high": token_mean((adv > 0) & (ratio > 1 + clip_eps_high)),
             "ratio_mean": token_mean(ratio),
@@ -521,11 +532,9 @@ def optimizer_step(model, optimizer, lr: float, grad_clip: float,
                 f"gradient norm is {norm.item()} while the loss is finite ({loss.item():.4g}), so "
                 "the backward pass made it: weights grown too large can (lower lr or grad_clip), "
                 "and so can the attention backend or bf16 on CUDA (try dtype='float32')")
-        raise FloatingPointError(f"gradient norm is {norm.item()}" + ("" if loss is None else " "
-                                                                                              "and "
-                                                                                              "the "
-                                                                                              "loss "
-                                 f"{loss.item()}") + ": lower lr or grad_clip")
+        with_loss = "" if loss is None else f" and the loss {loss.item()}"
+        raise FloatingPointError(f"gradient norm is {norm.item()}{with_loss}: lower lr or "
+                                 "grad_clip")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm

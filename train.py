@@ -1,20 +1,15 @@
 """
-R1-Zero-style reinforcement learning: GRPO (DeepSeekMath, arXiv:2402.03300) on math word problems
-with rule-based rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device, or data-parallel
-under torchrun.
+R1-Zero-style RL: GRPO (DeepSeekMath, arXiv:2402.03300) on math word problems with rule-based
+rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device, or data-parallel under torchrun.
 
-    python train.py configs/gsm8k.py                  # Qwen2.5 on GSM8K, one GPU
-    python train.py configs/demo.py                   # a tiny model on synthetic problems, a laptop CPU
-    python train.py configs/demo.py --lr=1e-3         # --key=value overrides any config key (config.py)
-    python train.py configs/demo.py --resume          # continue out_dir/ckpt.pt exactly where it stopped
-    python train.py configs/demo.py --overwrite       # start again in an out_dir that already holds a run
-    torchrun --standalone --nproc_per_node=8 train.py configs/gsm8k.py   # 8 GPUs, DDP (--sharding=fsdp: FSDP2)
+    python train.py configs/gsm8k.py              # Qwen2.5 on GSM8K, one GPU
+    python train.py configs/demo.py --lr=1e-3     # a laptop CPU; --key=value overrides a config key
+    python train.py configs/demo.py --resume      # continue out_dir/ckpt.pt (--overwrite: anew)
+    torchrun --standalone --nproc_per_node=8 train.py configs/gsm8k.py   # 8 GPUs (DDP, or FSDP2)
 
-The loop (train): set up (data, tokenizer, model, an optional supervised warm start), evaluate, then
-grpo_step after grpo_step, with logs, held-out evaluations and checkpoints between steps. grpo_step
-reads as the algorithm: act (rollout.py: sample, score, shape), then learn (grpo.py: log-probs,
-advantages, the update), then sync the sampler. `method` swaps grpo_step for a baseline (sft.py).
-Run management (run_management.py) stays around the loop.
+The loop (train): set up (data, tokenizer, model, a supervised warm start), evaluate, then grpo_step
+after grpo_step: the step computes (act: rollout.py; learn: grpo.py; sync the sampler), the loop
+records (records.py), evaluates and saves. `method` swaps in a baseline (sft.py).
 """
 import contextlib
 import json
@@ -29,29 +24,29 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from checkpoint import export_hf, fingerprint, load_init_weights, load_policy, restore, save_checkpoint, tokenizer_of
+from checkpoint import (export_hf, fingerprint, load_init_weights, load_policy, restore,
+                        save_checkpoint, tokenizer_of)
 from config import TrainConfig, load_config
 from data import load_problems
 from distributed import (broadcast_weights, copy_weights, from_every_rank, init_distributed,
                          leave_together, rank, sharded, spread)
 from eval import held_out_eval
-from grpo import add_logprobs, advantages_of, configure_optimizer, make_micro_batches, set_advantages, update, warmup_lr
+from grpo import (add_logprobs, advantages_of, configure_optimizer, make_micro_batches,
+                  set_advantages, update, warmup_lr)
 from model import Transformer, resolve_device, set_attention_backends
-from reward_models import load_rewards
 from records import Tracker, progress, shown_samples, step_record
+from reward_models import load_rewards
 from rollout import QuestionStream, Samples, Sampling, Scoring, sample_groups, sampling_of
 from run_management import (RunLock, StopRequest, check_machine, check_out_dir, check_reachable,
-                            command_line,
-                            hub_names, model_config, refusals, report_stop, saved_on_failure,
-                            start_out_dir)
+                            command_line, hub_names, model_config, refusals, report_stop,
+                            saved_on_failure, start_out_dir)
 from sft import rft_step, sft_step, sft_target, warm_start
 from template import Template, encode_prompt, template_of
 
 
 @dataclass
 class Run:
-    """What a training run holds between steps; save_checkpoint() saves it and setup() rebuilds
-    it."""
+    """What a run holds between steps; save_checkpoint() saves it and setup() rebuilds it."""
     policy: Transformer  # fp32 master weights, trained
     sampler: Transformer  # generates rollouts: the policy itself, or its bf16 copy on CUDA
     reference: Transformer | None  # frozen KL anchor (beta > 0 without LoRA)
@@ -64,15 +59,11 @@ class Run:
     heldout: list[dict]
     autocast: typing.Any  # bf16 autocast on CUDA, a null context in fp32
     sampling: Sampling  # how rollouts sample (cfg's settings, the stop sequences)
-    # how they are scored (the template, the reward weights, the config's own rewards, loaded)
-    scoring: Scoring
+    scoring: Scoring  # how they are scored (the template, the rewards' weights and functions)
     step: int = 0  # steps completed
-    # torchrun, sharding="ddp": the loss runs through this wrapper
-    ddp: torch.nn.Module | None = None
-    # fingerprint of the warm-start set (checkpoint.fingerprint), recorded in checkpoints
-    warm_set: str = ""
-    # the run's own id, kept in its checkpoints (a resumed run goes on in the same wandb run)
-    run_id: str = ""
+    ddp: torch.nn.Module | None = None  # torchrun, sharding="ddp": the loss runs through it
+    warm_set: str = ""  # the warm-start set's fingerprint (checkpoint.fingerprint)
+    run_id: str = ""  # the run's own id (a resumed run goes on in the same wandb run)
 
 # -----------------------------------------------------------------------------
 # the loop
@@ -84,86 +75,70 @@ def train(cfg: TrainConfig) -> dict:
     # one run per out_dir; signals stop after a step
     with RunLock(cfg.out_dir, cfg.model), StopRequest() as stop:
         run = setup(cfg, stop)
-        # a signal in the warm start (it said what it saved) or the set-up
-        if run is None or stop.agreed():
+        if run is None or stop.agreed():  # a signal in the warm start or the set-up
             if run is not None:
                 report_stop(stop.requested, "the set-up", cfg)
             return {"pass@1_start": None, "pass@1_end": None, "interrupted": stop.requested,
                     "step": run.step if run else 0}
         with Tracker(cfg, run.run_id, run.step) as tracker:  # logs; at the end, the curves
             summary = loop(run, cfg, stop, tracker)
-        # for vLLM, lm-eval-harness, the hub
         if rank() == 0 and run.step == cfg.max_steps and cfg.save_checkpoints:
             export_hf(os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "hf"),
-                      run.tokenizer)
+                      run.tokenizer)  # for vLLM, lm-eval-harness, the hub
     return summary
 
 
 def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
-    """The steps from run.step + 1 to max_steps, with logs, evaluations and checkpoints between
-    them."""
+    """The steps from run.step + 1 to max_steps; between them, logs, evaluations, checkpoints."""
     summary = {"pass@1_start": None, "pass@1_end": None, "interrupted": False}
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    # a resume at step 0 has no step-0 evaluation (start_out_dir)
-    if run.step == 0 and cfg.eval_every > 0:
+    if run.step == 0 and cfg.eval_every > 0:  # a resume at step 0 has no step-0 evaluation
         summary["pass@1_start"] = held_out_eval(run, cfg, tracker)
     bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps,
                desc=cfg.method, dynamic_ncols=True, disable=rank() != 0)
+    step_of = {"grpo": grpo_step, "rft": rft_step, "sft_answers": sft_step, "sft_more": sft_step}
     for step in bar:
-        # an exception keeps the steps before this one
-        with saved_on_failure(run, cfg, step, ckpt_path):
-            samples, stats = step_function(cfg.method)(run, cfg, step)
-            # a failing metric fails the step too
-            record = step_record(step, samples, stats, cfg, run.template)
+        with saved_on_failure(run, cfg, step, ckpt_path):  # a failure keeps the steps before
+            samples, stats = step_of[cfg.method](run, cfg, step)
+            record = step_record(step, samples, stats, cfg, run.template)  # may fail the step too
         run.step = step
         tracker.log(record)
-        # no-op on other ranks: their bar is disabled
-        bar.set_postfix(progress(record, cfg.progress_keys))
+        bar.set_postfix(progress(record, cfg.progress_keys))  # other ranks' bars are disabled
         if cfg.sample_every and step % cfg.sample_every == 0:
             tracker.samples(shown_samples(run.problems, step, samples, cfg.group_size))
         if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
             copy_weights(run.reference, run.policy)  # iterative GRPO
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
             summary["pass@1_end"] = held_out_eval(run, cfg, tracker)
-        # a signal in the last step stops nothing
-        stopping = stop.agreed() if step < cfg.max_steps else False
-        if stopping or step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        stopping = stop.agreed() if step < cfg.max_steps else False  # the last step stops anyway
+        periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+        if stopping or step == cfg.max_steps or periodic:
             save_checkpoint(run, cfg, ckpt_path)
         if stopping:
             summary["interrupted"] = stopping
             report_stop(stopping, f"step {step}", cfg)
             break
     bar.close()
-    summary["step"] = run.step
-    return summary
+    return {**summary, "step": run.step}
 
-
-def step_function(method: str):
-    """The step that cfg.method names (config.METHODS), looked up when called (so a test can replace
-    one)."""
-    return {"grpo": grpo_step, "rft": rft_step, "sft_answers": sft_step, "sft_more": sft_step}[method]
 
 # -----------------------------------------------------------------------------
 # one GRPO step
 
 
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
-    """One step of GRPO on run's weights, in place; returns what it computed: the samples
-    (rollout.Samples) and the update's stats with the step's learning rate, phase times and, on
-    CUDA, peak memory (the loop records them)."""
+    """One step of GRPO on run's weights, in place; returns what it computed, for the loop to
+    record: the samples and the update's stats (with lr, phase times, on CUDA peak memory)."""
     device = run.policy.lm_head.weight.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # memory_gb: this step's peak
-    # 1. rollout: group_size completions of each of prompts_per_step questions, sampled, scored,
-    # shaped, filtered
+    # 1. rollout: group_size completions of prompts_per_step questions, sampled, scored, shaped
     samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs)
-    # 2. reference log-probs for the KL penalty (beta > 0), and for mu > 1 the sampling policy's for
-    # the ratio
-    # the reference: a frozen copy, or with LoRA the policy itself with its adapters off
-    if cfg.beta > 0:
+    # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too
+    if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy without its adapters
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature,
                          cfg.logprob_chunk, run.autocast)
@@ -175,8 +150,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if device.type == "cuda":
         torch.cuda.synchronize()  # so the phase timings below are honest
     t2 = time.perf_counter()
-    # 4. update: mu optimizer steps on the clipped objective, micro-batched with whole-batch
-    # normalisers
+    # 4. update: mu optimizer steps on the clipped objective, whole-batch normalisers
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
     stats = update(run.policy, run.optimizer, batches, cfg, lr, run.autocast, run.ddp)
     # 5. sync the sampler: it generates the next step's rollout with the new weights
@@ -184,8 +158,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
         copy_weights(run.sampler, run.policy)
     t3 = time.perf_counter()
     stats.update(lr=lr, time_reference=t2 - t1, time_update=t3 - t2)
-    # the step's peaks: allocated by tensors, and reserved (the graph pool's included)
-    if device.type == "cuda":
+    if device.type == "cuda":  # the step's peaks: allocated, and reserved (graph pool included)
         stats["memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         stats["memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 1e9
     return samples, stats
@@ -195,76 +168,67 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
 
 
 def setup(cfg: TrainConfig, stop=None) -> Run | None:
-    """Load data, tokenizer and model; a new run does the warm start (saved as it goes:
-    sft_checkpoint_every), a resumed one loads ckpt.pt, in the warm start's phase or RL's. Every
-    check runs before any work and before out_dir changes (an --overwrite deletes the old run only
-    then). None: `stop` was requested during the warm start."""
+    """Load data, tokenizer and model; a new run does the warm start, a resumed one loads ckpt.pt
+    (in the warm start's phase or RL's). Every check runs before any work and before out_dir
+    changes. None: `stop` was requested during the warm start."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    # a bad input, a missing file or a machine without what the run needs: refused in a few lines
-    with refusals():
+    with refusals():  # a bad input, a missing file, a machine short of something: a few lines
         device, dtype = resolve_device(cfg.device, cfg.dtype)
         device = init_distributed(device)
-        state, template = check_out_dir(cfg), template_of(cfg.template)
+        state = check_out_dir(cfg)
+        template = template_of(cfg.template)
         check_reachable(hub_names(cfg))  # cached, or the hub answers: before a minute of retries
         tokenizer = tokenizer_of(cfg.model, cfg.tokenizer, cfg.gguf_file)
         warm, problems, heldout = load_problems(cfg)
-        # the baseline that only continues the warm start, on the warm start's family
-        if cfg.method == "sft_more":
+        if cfg.method == "sft_more":  # the baseline that continues the warm start, on its family
             problems = warm
         def encode(rows):
             return [encode_prompt(tokenizer, row["question"], template) for row in rows]
         prompts = encode(problems)
-        # still to do, or to finish
         warming = cfg.warm_starts and (state is None or state.get("phase") == "warm_start")
         warm_prompts = [] if not warming else prompts if warm is problems else encode(warm)
         every_prompt = prompts + ([] if warm_prompts is prompts else warm_prompts) + encode(heldout)
         check_machine(cfg, device, model_config(cfg, len(tokenizer)), max(map(len, every_prompt)))
-        # once per run
         rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)
         policy = load_policy(cfg, state, tokenizer)
         policy.config.check_context(every_prompt, cfg.max_new_tokens)
         if state is None and cfg.init_from:
-            load_init_weights(policy, cfg.init_from, warm,
-                              check_warm_set=cfg.dataset == "synthetic_split")
-        # all checked: clear an old run (--overwrite) or cut the logs (--resume)
-        start_out_dir(cfg, state, heldout)
+            load_init_weights(policy, cfg.init_from, warm, cfg.dataset == "synthetic_split")
+        start_out_dir(cfg, state, heldout)  # all checked: clear an old run, or cut its logs
     set_attention_backends(device)  # on CUDA: no cuDNN attention, as eval.py and tools/bench.py
-    # fp32 master weights and optimizer state; bf16 forward passes via autocast (plain bf16 AdamW
-    # rounds lr 1e-6 away)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+    # fp32 master weights and AdamW; bf16 forward passes under autocast (bf16 AdamW loses lr 1e-6)
+    autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
     policy.to(device).grad_checkpointing = cfg.grad_checkpointing
     run_id = (state or {}).get("run_id") or from_every_rank(uuid.uuid4().hex[:12])[0]
-    # the warm start: worked solutions, its own optimizer; a saved one goes on where it stopped
-    if warm_prompts:
+    if warm_prompts:  # the warm start; a saved one goes on where it stopped
         targets = [sft_target(tokenizer, p, template) for p in warm]
-        if warm_start(policy, warm_prompts, targets, cfg, tokenizer.pad_token_id, device, autocast, state, stop,
-                      fingerprint(warm), run_id) < cfg.sft_steps:
+        done = warm_start(policy, warm_prompts, targets, cfg, tokenizer.pad_token_id, device,
+                          autocast, state, stop, fingerprint(warm), run_id)
+        if done < cfg.sft_steps:
             return None  # stopped by a signal: saved, and said how to go on
         state = None  # the warm start is done: RL starts as a new run does
     if state is None and cfg.lora_rank > 0:  # after the warm start: SFT trains every weight
         policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
-    # torchrun: every rank starts from rank 0's weights; copies before spread() shards
-    broadcast_weights(policy)
-    sampler = policy if dtype == torch.float32 and not sharded(cfg.sharding) else policy.frozen_copy(dtype)
-    reference = policy.frozen_copy(dtype) if cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo" else None
-    # torchrun: DDP replicas, or FSDP2 shards before the optimizer sees them
-    ddp = spread(policy, cfg.sharding, device)
+    broadcast_weights(policy)  # torchrun: every rank starts from rank 0's weights
+    one_model = dtype == torch.float32 and not sharded(cfg.sharding)  # the policy samples itself
+    sampler = policy if one_model else policy.frozen_copy(dtype)
+    with_reference = cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo"
+    reference = policy.frozen_copy(dtype) if with_reference else None
+    ddp = spread(policy, cfg.sharding, device)  # torchrun: DDP replicas, or FSDP2 shards
     run = Run(policy=policy, sampler=sampler, reference=reference,
               optimizer=configure_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.adam_betas),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer,
-              template=template,
-              problems=problems, prompts=prompts, heldout=heldout, autocast=autocast,
+              template=template, problems=problems, prompts=prompts, heldout=heldout,
+              autocast=autocast, ddp=ddp, warm_set=fingerprint(warm), run_id=run_id,
               sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
                                    cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling),
               scoring=Scoring(template, cfg.reward_weights, cfg.answer_checker, rewards,
-                              process=cfg.supervision != "outcome"),
-              ddp=ddp, warm_set=fingerprint(warm), run_id=run_id)
+                              process=cfg.supervision != "outcome"))
     if state is not None:
         restore(run, state)
-    else:
-        # RL's first resume point, before anything else can fail; sft.pt first: an RL ckpt.pt
-        # implies it
+    else:  # RL's first resume point, before anything can fail (sft.pt first: ckpt.pt implies it)
         if cfg.warm_starts:  # eval.py can score the warm start alone after ckpt.pt moves on
             save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "sft.pt"), full=False)
         save_checkpoint(run, cfg, os.path.join(cfg.out_dir, "ckpt.pt"))
@@ -272,16 +236,14 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
 
 
 def main(argv: list[str]) -> dict:
-    """`python train.py CONFIG.py ... --key=value ...`: the config loaded and checked (a bad one
-    refused), then train."""
+    """`python train.py CONFIG.py ... --key=value ...`: load and check the config, then train."""
     with refusals():
         cfg = load_config(argv)
     return train(cfg)
 
 
 if __name__ == "__main__":
-    # a refusal: its message, no traceback
-    result = command_line("train.py", lambda: main(sys.argv[1:]))
+    result = command_line("train.py", lambda: main(sys.argv[1:]))  # a refusal: no traceback
     leave_together()
     if rank() == 0:
         print(json.dumps(result))
