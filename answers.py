@@ -9,6 +9,33 @@ The reward is the only teacher, so every rule here leans towards "no answer" whe
 positive teaches the policy to cheat, a false negative only slows it down. Time is linear in the
 completion: whole-text work is str.find/rfind/split/count (C speed); only short candidate answers
 (at most MAX_ANSWER_CHARS) are scanned character by character in Python.
+
+How extract_answer reads, against gaming (the template names the tags, written here as R1-Zero's):
+  - An <answer> tag, when "<answer>" or "</answer>" occurs at all, is authoritative: if it is
+    empty, unclosed, nested or longer than MAX_ANSWER_CHARS the result is None, never a number
+    from the think block.
+  - Several <answer> tags must all hold the same content, else None (hedging across tags).
+  - Inside the tag, the other forms are unwrapped (<answer>\\boxed{7}</answer> gives "7");
+    without any of them the whole tag content is the answer (no last_sentence reading in a tag).
+    Several markers in one tag must agree (same number, or same text): <answer>\\boxed{3} or
+    \\boxed{4}</answer>, "#### 3 #### 4" and "the answer is 3. No, the answer is 4" give None,
+    as does an unclosed \\boxed{ there. A marker holding nothing but another ("answer is
+    $\\boxed{7}$") defers to it.
+  - Without a tag, the marker that occurs last in the text wins, over all forms (later
+    self-correction is allowed in reasoning). A later unclosed (or over-long) \\boxed{ is
+    skipped, looking back at most MAX_BOXED_TRIES markers; an empty winner, or a "####"/"answer
+    is" line longer than MAX_ANSWER_CHARS, gives None rather than falling back to an earlier
+    answer or to the last sentence.
+  - last_sentence is the fallback for chat models that state the result in prose. It is a
+    default form because it never overrides a marker: it applies only when no tag and no marker
+    occurs at all. The sentence (split at newlines and ". ", "! ", "? "; at most
+    MAX_ANSWER_CHARS) must not be a question, nor sit in an unclosed <think> block; the text
+    before its first number must not bound or hedge it (BOUND_WORDS: "about", "at least", "more
+    than", "up to", "not", number words...; "~", "<", "≈"; a detached sign); from that number
+    on, parse_number must read exactly one number. Listing numbers gains nothing: "70. 71. 72."
+    is read as its last sentence, "72", exactly as "72." alone would be.
+  - Hedging inside one answer ("3 or 4", "1, 2, 3", "about 72") is left to parse_number, which
+    rejects it.
 """
 from fractions import Fraction
 from types import MappingProxyType
@@ -231,44 +258,12 @@ def _last_sentence_answer(text, think):
 
 def extract_answer(text: str, forms: tuple[str, ...] = DEFAULT_FORMS,
                    template: Template = R1_ZERO) -> str | None:
-    """
-    The final answer string in a completion, or None. forms (a tuple, any of DEFAULT_FORMS) says
-    which notations count; template (template.Template) names the tags, written here as R1-Zero's:
-      answer_tag     <answer>...</answer> (the template's answer tags)
-      boxed          \\boxed{...} or \\fbox{...}, nested braces allowed
-      hash           GSM8K's "#### N": the rest of that line
-      answer_is      "the answer is N" (also "final answer is"; lower, Capitalised or UPPER case),
-                     up to the end of the line or sentence
-      last_sentence  only when no marker of the other forms occurs anywhere: the final sentence of
-                     the text after any </think> (the template's think close) ("Tom has 72 apples."), from its
-                     first digit on
-    Anti-gaming rules:
-      - An <answer> tag, when "<answer>" or "</answer>" occurs at all, is authoritative: if it is
-        empty, unclosed, nested or longer than MAX_ANSWER_CHARS the result is None, never a number
-        from the think block.
-      - Several <answer> tags must all hold the same content, else None (hedging across tags).
-      - Inside the tag, the other forms are unwrapped (<answer>\\boxed{7}</answer> gives "7");
-        without any of them the whole tag content is the answer (no last_sentence reading in a tag).
-        Several markers in one tag must agree (same number, or same text): <answer>\\boxed{3} or
-        \\boxed{4}</answer>, "#### 3 #### 4" and "the answer is 3. No, the answer is 4" give None,
-        as does an unclosed \\boxed{ there. A marker holding nothing but another ("answer is
-        $\\boxed{7}$") defers to it.
-      - Without a tag, the marker that occurs last in the text wins, over all forms (later
-        self-correction is allowed in reasoning). A later unclosed (or over-long) \\boxed{ is
-        skipped, looking back at most MAX_BOXED_TRIES markers; an empty winner, or a "####"/"answer
-        is" line longer than MAX_ANSWER_CHARS, gives None rather than falling back to an earlier
-        answer or to the last sentence.
-      - last_sentence is the fallback for chat models that state the result in prose. It is a
-        default form because it never overrides a marker: it applies only when no tag and no marker
-        occurs at all. The sentence (split at newlines and ". ", "! ", "? "; at most
-        MAX_ANSWER_CHARS) must not be a question, nor sit in an unclosed <think> block; the text
-        before its first number must not bound or hedge it (BOUND_WORDS: "about", "at least", "more
-        than", "up to", "not", number words...; "~", "<", "≈"; a detached sign); from that number
-        on, parse_number must read exactly one number. Listing numbers gains nothing: "70. 71. 72."
-        is read as its last sentence, "72", exactly as "72." alone would be.
-      - Hedging inside one answer ("3 or 4", "1, 2, 3", "about 72") is left to parse_number, which
-        rejects it.
-    """
+    """The final answer string in a completion, or None. forms (any of DEFAULT_FORMS) says which
+    notations count, template (template.Template) which tags: answer_tag <answer>...</answer>;
+    boxed \\boxed{...} or \\fbox{...}, braces nested; hash GSM8K's "#### N" line; answer_is "the
+    answer is N" (also "final answer is", any case) to the end of the line or sentence;
+    last_sentence, only when no other marker occurs: the last sentence after any </think> ("Tom has
+    72 apples."), from its first digit on. The rules against gaming are the module docstring's."""
     unknown = set(forms) - set(DEFAULT_FORMS)
     if unknown:
         raise ValueError(f"unknown answer form(s) {sorted(unknown)}; known forms are "

@@ -55,17 +55,14 @@ class MicroBatch:
     advantages: torch.Tensor | None = None  # [b] float32, or [b, N] per token (set_advantages)
     old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
     ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
-    # [b, N] as the sampler computed them when it drew the tokens
-    sampler_logp: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None  # [b, N] as the sampler computed them when it drew
 
 
 def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
                        sampler_logprobs: list[list[float]] | None = None) -> list[MicroBatch]:
-    """Split rows into micro-batches of `size` rows of similar total length (less padding). Any
-    split is exact because the loss normalisers are whole-batch; rows are reordered, so keep per-row
-    data in the MicroBatch (the advantages: set_advantages). sampler_logprobs: each completion's
-    per-token log-probs from the sampler (sample.Rollout.logprobs), kept as sampler_logp to measure
-    the trainer's against."""
+    """Split rows into micro-batches of `size` rows of similar total length (less padding); any
+    split is exact (whole-batch normalisers). Rows are reordered: per-row data lives in the
+    MicroBatch (set_advantages). sampler_logprobs: the sampler's own (Rollout.logprobs)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
     batches = []
     for start in range(0, len(order), size):
@@ -74,17 +71,17 @@ def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
                                                 [completions[i] for i in rows], pad_id)
         batch = MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width, rows)
         if sampler_logprobs is not None:
-            batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(
-                mask, torch.tensor([x for i in rows for x in sampler_logprobs[i]])).to(device)
+            flat = torch.tensor([x for i in rows for x in sampler_logprobs[i]])
+            batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(mask, flat).to(device)
         batches.append(batch)
     return batches
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Left-pad prompts, append completions: -> ids [b, P+N], attention_mask [b, P+N], mask [b, N],
-    P. The completion mask comes from the lengths, never from token values (Qwen's pad token is its
-    EOS)."""
-    width, n_new = max(map(len, prompts)), max(map(len, completions))
+    """Left-pad prompts, append completions -> ids [b, P+N], attention_mask [b, P+N], mask [b, N],
+    P. The mask comes from the lengths, never from token values (Qwen's pad token is its EOS)."""
+    width = max(map(len, prompts))
+    n_new = max(map(len, completions))
     ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(ids, dtype=torch.bool)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
@@ -95,15 +92,14 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
 
 # -----------------------------------------------------------------------------
 # log-probs of the sampled tokens: completion_logprobs() runs the model and gives the log-prob of
-# every completion token; add_logprobs() keeps them for the reference (beta > 0) and the sampling
-# policy (mu > 1)
+# every completion token; add_logprobs() keeps the reference's (beta > 0) and the sampling policy's
+# (mu > 1)
 
 
 @torch.no_grad()
 def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: float, chunk: int,
                  autocast):
-    """Fill batch.<field> ("old_logp" or "ref_logp") of every micro-batch with its log-probs under
-    `model`."""
+    """Fill each micro-batch's `field` ("old_logp" or "ref_logp") with its log-probs under model."""
     for batch in batches:
         with autocast:
             setattr(batch, field, completion_logprobs(model, batch, temperature, chunk)[0])
@@ -111,12 +107,10 @@ def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: floa
 
 def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int):
     """Log-probs [b, N] fp32 of the completion tokens (0 off the mask) under log_softmax(logits /
-    temperature), and their summed entropy (0-d, no grad). Logits at position t score token t+1.
-    Only masked positions go through lm_head, `chunk` tokens at a time; under autograd each chunk is
-    recomputed in backward instead of stored."""
+    temperature), and their summed entropy (0-d, no grad). Only masked positions go through
+    lm_head, `chunk` tokens at a time, each chunk recomputed in backward instead of stored."""
     hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
-    # [M, dim]: the positions that predict completions
-    hidden = hidden[:, batch.prompt_width - 1:-1][batch.mask]
+    hidden = hidden[:, batch.prompt_width - 1:-1][batch.mask]  # [M, dim]: position t scores t+1
     targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
     pieces, entropy = [], torch.zeros((), device=hidden.device)
     for start in range(0, targets.numel(), chunk):
@@ -134,8 +128,7 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
 
 
 def _chunk_logprobs(lm_head, hidden, targets, temperature):
-    """hidden [M, dim], targets [M] -> (log-prob of each target [M] fp32, summed entropy 0-d, no
-    grad)."""
+    """hidden [M, dim], targets [M] -> (each target's log-prob [M] fp32, summed entropy 0-d)."""
     logits = lm_head(hidden).float() / temperature
     log_z = logits.logsumexp(dim=-1)
     chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
@@ -149,11 +142,10 @@ def _chunk_logprobs(lm_head, hidden, targets, temperature):
 
 
 def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
-    """The advantages of a step's completions (rollout.Samples): [B] per completion (outcome
-    supervision: group_advantages of the rewards, less beta times each sequence's log-ratio to the
-    reference with kl_estimator="k1_reward"), or [B, T] per token (process supervision:
-    process_advantages of the arithmetic claims; "both" adds process_weight times them to the
-    outcome's)."""
+    """The advantages of a step's samples (rollout.Samples): [B] per completion (outcome
+    supervision: group_advantages of the rewards, with k1_reward less beta times each sequence's
+    log-ratio to the reference), or [B, T] per token (process supervision: process_advantages of
+    the arithmetic claims; "both" adds process_weight times them to the outcome's)."""
     rewards = torch.tensor(samples.rewards)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp,
@@ -171,8 +163,7 @@ def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
 
 
 def sequence_sums(batches: list[MicroBatch], values, n: int) -> torch.Tensor:
-    """[n] (on the CPU): for each row of the step, the sum over its completion tokens of
-    values(batch) [b, N]."""
+    """[n] (on the CPU): each row's sum over its completion tokens of values(batch) [b, N]."""
     sums = torch.zeros(n)
     for batch in batches:
         sums[batch.rows] = (values(batch) * batch.mask).sum(dim=1).float().cpu()
@@ -185,21 +176,19 @@ def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
     loss then adds no KL term."""
     if rewards.shape != sequence_log_ratio.shape or rewards.dim() != 1:
         raise ValueError(f"rewards {tuple(rewards.shape)} and sequence_log_ratio "
-                         f"{tuple(sequence_log_ratio.shape)} "
-                         "must both be [B]")
+                         f"{tuple(sequence_log_ratio.shape)} must both be [B]")
     return rewards.float() - beta * sequence_log_ratio.float()
 
 
 def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6):
     """Outcome advantages, one per completion: rewards [B] float -> advantages [B] float32.
 
-    baseline: "mean" subtracts the group mean (GRPO); "rloo" subtracts the mean of the *other* G-1
-    rewards (leave-one-out, = G/(G-1) * (r - mean)); "none" keeps the raw reward (REINFORCE, use
-    with scale="none"). scale: "std" divides by (group std + eps), the std being the unbiased one
-    (torch.std default, as in DeepSeekMath/TRL); "none" does not divide (Dr. GRPO,
-    arXiv:2503.20783). GRPO = ("mean", "std"), Dr. GRPO = ("mean", "none"), RLOO = ("rloo", "none"),
-    REINFORCE = ("none", "none"). With a baseline, a group whose rewards are all equal gets exactly
-    0 (not rounding noise over eps).
+    baseline: "mean" subtracts the group mean (GRPO); "rloo" the mean of the *other* G-1 rewards
+    (leave-one-out, = G/(G-1) * (r - mean)); "none" keeps the raw reward (REINFORCE).
+    scale: "std" divides by (group std + eps), the unbiased std (torch.std's, as DeepSeekMath and
+    TRL); "none" does not divide (Dr. GRPO, arXiv:2503.20783).
+    GRPO = ("mean", "std"), Dr. GRPO = ("mean", "none"), RLOO = ("rloo", "none"), REINFORCE =
+    ("none", "none"). With a baseline, a group whose rewards are all equal gets exactly 0.
     """
     grouped = _grouped(rewards, group_size)  # [n_groups, G]
     if baseline == "none":
@@ -221,22 +210,19 @@ def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6
 
 
 def _grouped(rewards, group_size):
-    """rewards [B] -> [B // group_size, group_size] float32 (a ragged batch does not view as groups:
-    it raises)."""
+    """rewards [B] -> [B // group_size, group_size] float32 (a ragged batch raises)."""
     return rewards.float().view(-1, group_size)
 
 
 def zero_std_group_fraction(rewards, group_size):
-    """Fraction of groups whose rewards are all equal (they carry no signal): rewards [B] -> 0-d
-    tensor."""
+    """The share of groups whose rewards are all equal (no signal): rewards [B] -> 0-d tensor."""
     grouped = _grouped(rewards, group_size)
     return (grouped == grouped[:, :1]).all(dim=1).float().mean()
 
 
 def claim_tensors(claims: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, ...]:
-    """Per-completion claims [(token index of the claim's end, reward)] -> grpo.process_advantages'
-    claim_rewards [B, S] float, claim_ends [B, S] long and claim_mask [B, S] bool, right-padded to
-    the most claims S."""
+    """Per-completion claims [(token index of the claim's end, reward)] -> process_advantages'
+    claim_rewards [B, S] float, claim_ends [B, S] long, claim_mask [B, S] bool (right-padded)."""
     width = max(map(len, claims))
     padded = [row + [(0, 0.0)] * (width - len(row)) for row in claims]
     return (torch.tensor([[reward for _, reward in row] for row in padded]),
@@ -246,15 +232,15 @@ def claim_tensors(claims: list[list[tuple[int, float]]]) -> tuple[torch.Tensor, 
 
 def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mask=None, eps=1e-6):
     """Process-supervision advantages (DeepSeekMath sec. 4.1.3): per-token advantages [B, T]
-    float32. A reasoning step here is an arithmetic claim (rewards.claim_rewards), any per-step
+    float32. A reasoning step here is an arithmetic claim (rewards.claim_rewards); any per-step
     reward fits.
 
-    claim_rewards [B, S] float: reward of each reasoning step, right-padded to S steps. claim_ends
-    [B, S] long: completion-token index (0 .. seq_len-1) of each step's last token. claim_mask [B,
-    S] bool: which entries are real steps (default: all); padded entries are ignored. All real steps
-    of a group are normalised together, (r - mean) / (unbiased std + eps); token t then gets the sum
-    of the normalised rewards of its sequence's steps that end at or after t (0 after the last
-    step). A group whose step rewards are all equal gets exactly 0.
+    claim_rewards [B, S] float: each reasoning step's reward, right-padded to S steps.
+    claim_ends [B, S] long: the completion-token index (0 .. seq_len-1) of each step's last token.
+    claim_mask [B, S] bool: which entries are real steps (default: all); padding is ignored.
+    A group's real steps are normalised together, (r - mean) / (unbiased std + eps); token t gets
+    the sum of the normalised rewards of its sequence's steps that end at or after t (0 after the
+    last). A group whose step rewards are all equal gets exactly 0.
     """
     if claim_rewards.shape != claim_ends.shape or claim_rewards.dim() != 2:
         raise ValueError(f"claim_rewards {tuple(claim_rewards.shape)} and claim_ends "
@@ -274,8 +260,8 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
                          f"{real_ends.max()}")
     group_steps = group_size * claim_rewards.shape[1]
     weights = claim_mask.reshape(-1, group_steps).float()  # [n_groups, G * S]
-    # padding may be nan
-    rewards = claim_rewards.float().reshape(-1, group_steps).masked_fill(weights == 0, 0.0)
+    rewards = claim_rewards.float().reshape(-1, group_steps)
+    rewards = rewards.masked_fill(weights == 0, 0.0)  # padding may be nan
     count = weights.sum(dim=1, keepdim=True)
     mean = rewards.sum(dim=1, keepdim=True) / count.clamp(min=1)
     var = ((rewards - mean) ** 2 * weights).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
@@ -284,8 +270,7 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
     highest = rewards.masked_fill(weights == 0, float("-inf")).amax(dim=1, keepdim=True)
     normalised = torch.where((lowest == highest) | (weights == 0), torch.zeros_like(normalised),
                              normalised)
-    # drop each step's value at its last token, then a reverse cumulative sum gives "steps ending at
-    # or after t"
+    # each step's value at its last token; a reverse cumulative sum: "steps ending at or after t"
     at_end = torch.zeros(claim_rewards.shape[0], seq_len, dtype=torch.float32,
                          device=claim_rewards.device)
     at_end.scatter_add_(1, torch.where(claim_mask, claim_ends, 0),
@@ -315,16 +300,15 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
 
 def update(policy, optimizer, batches: list[MicroBatch], cfg, lr: float, autocast,
            ddp=None) -> dict[str, float]:
-    """cfg.mu optimizer steps on the GRPO loss of the step's micro-batches (their advantages set,
-    and old_logp when mu > 1); returns the step's update stats, each the mean over the mu steps
-    (loss, kl, clip fractions, ratio, entropy, grad_norm), and GAP_STATS from the first, before any
-    update. ddp: the wrapper the loss runs through under torchrun (DDP), else the policy itself."""
+    """cfg.mu optimizer steps on the GRPO loss of the step's micro-batches; returns the update's
+    stats, each the mean over the mu steps (loss, kl, clip fractions, ratio, entropy, grad_norm),
+    and GAP_STATS from the first. ddp: the wrapper the loss runs through under torchrun."""
     stats, gap = {}, {}
     for epoch_index in range(cfg.mu):
         epoch = policy_gradient(ddp or policy, batches, cfg, autocast, measure_gap=epoch_index == 0)
         gap.update({key: epoch.pop(key) for key in GAP_STATS if key in epoch})
-        epoch["grad_norm"] = whole(optimizer_step(policy, optimizer, lr, cfg.grad_clip,
-                                                  loss=epoch["loss"]))
+        norm = optimizer_step(policy, optimizer, lr, cfg.grad_clip, loss=epoch["loss"])
+        epoch["grad_norm"] = whole(norm)
         stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
     stats.update(gap)
     values = torch.stack(list(stats.values())).tolist()  # one host sync for all of them
@@ -333,31 +317,26 @@ def update(policy, optimizer, batches: list[MicroBatch], cfg, lr: float, autocas
 
 def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast,
                     measure_gap: bool = False) -> dict:
-    """Forward and backward of the GRPO loss over every micro-batch, with the whole batch's
-    normalisers (every rank's under torchrun), so the gradients add up to the whole batch's gradient
-    and the returned stats (0-d tensors, no host sync) to its means: loss, kl, clip fractions, ratio
-    and entropy per token. measure_gap: also GAP_STATS, how far the trainer's log-probs of the
-    sampled tokens lie from the sampler's (sampler_gap, its max over tokens)."""
+    """Forward and backward of the GRPO loss over every micro-batch with the whole batch's
+    normalisers (every rank's under torchrun): the gradients add up to the whole batch's, the stats
+    returned (0-d tensors, no host sync) to its means: loss, kl, clip fractions, ratio, entropy per
+    token. measure_gap: also GAP_STATS, how far the trainer's log-probs of the sampled tokens lie
+    from the sampler's (sampler_gap)."""
     n_seq, n_tok = batch_sizes(batches)
     totals, gap_max = {}, torch.zeros((), device=n_tok.device)
     for i, batch in enumerate(batches):
-        # DDP all-reduces in the last backward only
-        with accumulating(policy, last=i == len(batches) - 1):
+        with accumulating(policy, last=i == len(batches) - 1):  # DDP syncs in the last backward
             with autocast:
                 logp, entropy = completion_logprobs(policy, batch, cfg.temperature,
                                                     cfg.logprob_chunk)
-            loss, stats = grpo_loss(logp, batch.old_logp, batch.ref_logp, batch.advantages,
-                                    batch.mask,
-                                    num_sequences=n_seq, num_tokens=n_tok,
-                                    constant_norm=cfg.max_new_tokens,
-                                    sampler_logp=batch.sampler_logp, clip_eps=cfg.clip_eps,
-                                    clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
-                                    kl_estimator=cfg.kl_estimator,
-                                    loss_agg=cfg.loss_agg,
-                                    importance_sampling_level=cfg.importance_sampling_level,
-                                    tis_cap=cfg.tis_cap)
-            # DDP and FSDP2 average the ranks' gradients; with global normalisers the sum is the
-            # batch's gradient
+            loss, stats = grpo_loss(
+                logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
+                num_sequences=n_seq, num_tokens=n_tok, constant_norm=cfg.max_new_tokens,
+                sampler_logp=batch.sampler_logp, clip_eps=cfg.clip_eps,
+                clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
+                loss_agg=cfg.loss_agg, importance_sampling_level=cfg.importance_sampling_level,
+                tis_cap=cfg.tis_cap)
+            # DDP and FSDP2 average the ranks' gradients; whole-batch normalisers make it a sum
             (loss * world_size()).backward()
         if measure_gap:
             gap, batch_max = sampler_gap(logp, batch, n_tok)
@@ -372,62 +351,52 @@ def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast,
 
 
 def batch_sizes(batches: list[MicroBatch]) -> tuple:
-    """The step's number of sequences and of completion tokens (0-d tensors), summed over the ranks
-    under torchrun: the loss normalisers of every micro-batch."""
+    """The step's sequence and completion-token counts (0-d tensors; every rank's under torchrun):
+    the loss normalisers of every micro-batch."""
     n_seq = sum(b.mask.shape[0] for b in batches)
     n_tok = sum(b.mask.sum() for b in batches)
     if dist.is_initialized():
-        n_seq, n_tok = summed_over_ranks(torch.stack([torch.tensor(n_seq, device=n_tok.device),
-                                                      n_tok]))
+        counts = torch.stack([torch.tensor(n_seq, device=n_tok.device), n_tok])
+        n_seq, n_tok = summed_over_ranks(counts)
     return n_seq, n_tok
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, num_tokens=None,
-              constant_norm=None,
-              sampler_logp=None, clip_eps=0.2, clip_eps_high=None, beta=0.04, kl_estimator="k3",
-              loss_agg="seq_mean", importance_sampling_level="token", tis_cap=None):
-    """GRPO loss to minimise (= -J of DeepSeekMath) for one batch or micro-batch; returns (loss,
-    stats).
+              constant_norm=None, sampler_logp=None, clip_eps=0.2, clip_eps_high=None, beta=0.04,
+              kl_estimator="k3", loss_agg="seq_mean", importance_sampling_level="token",
+              tis_cap=None):
+    """GRPO loss to minimise (= -J of DeepSeekMath) for a batch or micro-batch -> (loss, stats).
 
-    logp [B, T]: log-probs of the sampled tokens under the current policy (with grad); padded
-    positions must hold
-        finite values (e.g. 0): nan/inf there would leak into the gradient through the mask.
-    old_logp [B, T] or None: under the sampling policy, no grad. None = one update per batch of
-    samples (mu = 1):
-        logp.detach() is used, so the ratio is 1 in value but still carries the policy gradient.
-    ref_logp [B, T] or None: under the reference model; None only when beta == 0. advantages [B]
-    (one per sequence) or [B, T] (per token); mask [B, T] bool/float: completion tokens, stop token
-        included.
-    sampler_logp [B, T] or None: as the sampler computed them when it drew the tokens; read with
-    tis_cap only. The knobs after sampler_logp are the config keys of the same names
-    (config.TrainConfig, with the same defaults), trusted as given (check_settings checks the
-    config's once); clip_eps_high None is clip_eps. Per token: loss = -min(ratio*A, clip(ratio,
-    1-clip_eps, 1+clip_eps_high)*A) + beta*KL, KL by kl_estimator in fp32 with ref - logp clamped to
-    +-20: "k3" exp(ref - logp) - (ref - logp) - 1, "k3_is" token ratio * k3, "k2" (ref - logp)^2 /
-    2, "k1_reward" none (it is in the rewards; kl_penalized_rewards); which KL each one's gradient
-    follows: docs/guide.md, "The KL term". tis_cap (truncated importance sampling, Yao et al. 2025)
-    weighs the clipped term, not the KL, by w = min(exp(old_logp - sampler_logp), tis_cap),
-    detached: the samples came from the sampler, whose log-probs differ from the trainer's own.
-    importance_sampling_level "sequence" (GSPO, Zheng et al. 2025, arXiv:2507.18071, eq. 7) shares
-    one ratio per sequence, s_i = exp(sum_t mask_it (logp - old_logp)_it / |o_i|), clipped per
-    sequence: its gradient moves every token of a sequence by s_i A_i / |o_i|, and on-policy equals
-    the token level's with seq_mean; its ratios stay near 1, so it clips far tighter (clip_eps 3e-4,
-    4e-4). loss_agg, with N = num_sequences, |o_i| = masked tokens of row i:
+    logp [B, T]: the sampled tokens' log-probs under the policy, with grad (padding finite: 0).
+    old_logp [B, T] or None: under the sampling policy, no grad. None (mu = 1): logp.detach(), a
+        ratio of 1 in value that still carries the policy gradient.
+    ref_logp [B, T] or None: under the reference model; None only when beta == 0.
+    advantages [B] (per sequence) or [B, T] (per token); mask [B, T]: completion tokens.
+    sampler_logp [B, T] or None: the sampler's own log-probs of the tokens, read with tis_cap.
+    The knobs after it are the config keys of the same names, with the same defaults, trusted as
+    given (check_settings checks the config's once); clip_eps_high None is clip_eps.
+
+    Per token: -min(ratio * A, clip(ratio, 1 - clip_eps, 1 + clip_eps_high) * A) + beta * KL.
+    KL by kl_estimator, in fp32, ref - logp clamped to +-20: "k3" exp(ref - logp) - (ref - logp) -
+    1, "k3_is" the token ratio times k3, "k2" (ref - logp)^2 / 2, "k1_reward" none (it is in the
+    rewards); which KL each one's gradient follows: docs/guide.md, "The KL term". tis_cap
+    (truncated importance sampling, Yao et al. 2025) weighs the clipped term, not the KL, by
+    min(exp(old_logp - sampler_logp), tis_cap), detached. importance_sampling_level "sequence"
+    (GSPO, arXiv:2507.18071, eq. 7): one ratio per sequence, exp of the mean of its tokens'
+    log-ratios, clipped per sequence (on-policy the token level's gradient with seq_mean; its
+    ratios stay near 1, so it clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4).
+    loss_agg, with N = num_sequences and |o_i| the masked tokens of row i:
         "seq_mean"   (DeepSeekMath): sum_i (sum_t loss_it / |o_i|) / N
         "token_mean" (DAPO):         sum_it loss_it / num_tokens
-        "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N), e.g. max_new_tokens
-    num_sequences, num_tokens, constant_norm default to this call's own B, mask.sum() and T; under
-    gradient accumulation pass the WHOLE batch's to every micro-batch (the module docstring's
-    contract; policy_gradient). stats (detached 0-d tensors, no host sync), each a sum over this
-    call's masked tokens divided by num_tokens, so that micro-batch stats add up to the whole
-    batch's means: "kl" (k3's value whatever the estimator, comparable across runs; nan without
-    ref_logp), "clip_frac_low" (A < 0 and ratio < 1-clip_eps), "clip_frac_high" (A > 0 and ratio >
-    1+clip_eps_high), "ratio_mean"; with tis_cap, "tis_capped_frac" (tokens whose weight was capped)
-    and "tis_weight_mean".
+        "constant"   (Dr. GRPO):     sum_it loss_it / (constant_norm * N)
+    num_sequences, num_tokens, constant_norm default to this call's B, mask.sum() and T; under
+    gradient accumulation pass the WHOLE batch's to every micro-batch (policy_gradient).
+    stats (0-d, detached), sums over this call's tokens / num_tokens, adding up to the batch's
+    means: "kl" (k3's value, whatever the estimator), "clip_frac_low" (A < 0, ratio clipped below),
+    "clip_frac_high", "ratio_mean"; with tis_cap, "tis_capped_frac" and "tis_weight_mean".
     """
     if beta > 0 and ref_logp is None:
-        raise ValueError(f"beta={beta} needs ref_logp; pass beta=0 to train without a reference "
-                         "model")
+        raise ValueError(f"beta={beta} needs ref_logp; pass beta=0 to train without a reference")
     clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     logp = logp.float()
     old_logp = logp.detach() if old_logp is None else old_logp.float()
@@ -437,27 +406,24 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     token_ratio = torch.exp(logp - old_logp)  # [B, T]
     if importance_sampling_level == "token":
         ratio = token_ratio
-    elif importance_sampling_level == "sequence":
-        # GSPO: one ratio per sequence, shared by its tokens
+    elif importance_sampling_level == "sequence":  # GSPO: one ratio per sequence, for its tokens
         lengths = weights.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
-        mean_log_ratio = ((logp - old_logp) * weights).sum(dim=1, keepdim=True) / lengths  # [B, 1]
+        mean_log_ratio = ((logp - old_logp) * weights).sum(dim=1, keepdim=True) / lengths
         ratio = torch.exp(mean_log_ratio).expand_as(logp)
     else:
         raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}")
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
     token_loss = -torch.minimum(ratio * adv, clipped * adv)
-    if tis_cap is not None:  # truncated importance sampling: sampler -> pi_old, capped, no gradient
+    if tis_cap is not None:  # truncated importance sampling: sampler -> pi_old, capped, no grad
         if sampler_logp is None:
-            raise ValueError("tis_cap needs sampler_logp, the sampler's log-probs of the sampled "
-                             "tokens")
+            raise ValueError("tis_cap needs sampler_logp, the sampler's log-probs of the tokens")
         sampler_ratio = torch.exp(old_logp - sampler_logp.float()).detach()
         token_loss = token_loss * sampler_ratio.clamp(max=tis_cap)
     kl = None
     if ref_logp is not None:
         log_ratio = (ref_logp.float() - logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
         kl = torch.exp(log_ratio) - log_ratio - 1
-        # k1_reward's KL is in the rewards (kl_penalized_rewards)
-        if beta > 0 and kl_estimator != "k1_reward":
+        if beta > 0 and kl_estimator != "k1_reward":  # k1_reward's KL is in the rewards
             if kl_estimator == "k3":
                 penalty = kl
             elif kl_estimator == "k3_is":
@@ -504,9 +470,9 @@ def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, tor
     this micro-batch's share of {"logprob_gap": mean |trainer - sampler|, "sampler_ratio": mean
     exp(trainer - sampler)} over n_tok tokens, and its max |trainer - sampler| (0-d)."""
     diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
-    return ({"logprob_gap": diff.abs().sum() / n_tok,
-             "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok},
-            diff.abs().max())
+    shares = {"logprob_gap": diff.abs().sum() / n_tok,
+              "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok}
+    return shares, diff.abs().max()
 
 
 # -----------------------------------------------------------------------------
@@ -516,11 +482,9 @@ def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, tor
 
 def optimizer_step(model, optimizer, lr: float, grad_clip: float,
                    loss: torch.Tensor | None = None) -> torch.Tensor:
-    """The update every training step ends with (warm start, GRPO, the baselines): clip the global
-    grad norm to grad_clip (0 = no clipping), step, zero the grads; returns the norm before
-    clipping. A non-finite norm raises FloatingPointError before the update, so the weights stay as
-    they were; with the step's loss, the message says whether the loss was finite too (then the
-    backward pass is suspect, not the learning rate)."""
+    """The update every training step ends with: clip the global grad norm to grad_clip (0 = no
+    clipping), step, zero the grads; returns the norm before clipping. A non-finite norm raises
+    FloatingPointError before the update (the weights stay), saying whether the loss was finite."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(),

@@ -477,11 +477,9 @@ class Transformer(nn.Module):
     def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0,
                 return_hidden=False):
         """ids [B, T] -> logits [B, T, vocab] (or the final normed hidden states [B, T, dim]).
-
-        positions [B, T]: RoPE positions; default: real tokens counted from 0 (left padding
-        skipped). attention_mask [B, S] (bool/0-1): real key slots; S = T, or cache.max_len with a
-        cache. cache, cache_index (int or 0-d LongTensor): write k/v at slots cache_index.., attend
-        to slots <= own.
+        positions [B, T]: RoPE positions (default: real tokens counted from 0). attention_mask
+        [B, S]: real key slots (S = T, or cache.max_len with a cache). cache, cache_index (int or
+        0-d tensor): k/v written at slots cache_index.., each query attending to slots <= its own.
         """
         B, T = ids.shape
         device = ids.device
@@ -500,20 +498,17 @@ class Transformer(nn.Module):
         else:
             key_slots = slots
         mask = None
-        if attention_mask is not None:
-            # causal AND real key; a query may always see itself so padded rows never softmax over
-            # nothing
-            causal = key_slots[None, :] <= slots[:, None]
-            mask = (causal & attention_mask.view(-1, 1,
-                                                 key_slots.numel())) | (key_slots[None, :] == slots[:, None])
+        if attention_mask is not None:  # a causal, real key; a query always sees itself, so that
+            causal = key_slots[None, :] <= slots[:, None]  # padded rows never softmax over nothing
+            real = attention_mask.view(-1, 1, key_slots.numel())
+            mask = (causal & real) | (key_slots[None, :] == slots[:, None])
             mask = mask.view(-1, 1, T, key_slots.numel())
-        # [B, T, D/2] in fp32, as the checkpoints do
-        freqs = positions[..., None].float() * self.inv_freq
+        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2] fp32, as checkpoints do
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         x = self.embed(ids)
-        # the residual stream, norms and RoPE in the autocast dtype, as
+        # the residual stream, norms and RoPE in the autocast dtype, as the bf16 sampler and
+        # reference compute them: one numerics
         if torch.is_autocast_enabled(x.device.type):
-            # in the bf16 sampler and reference: one numerics
             x = x.to(torch.get_autocast_dtype(x.device.type))
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         for block in self.layers:

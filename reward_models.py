@@ -10,6 +10,11 @@ reward_weights key is
     "judge:NAME"                       an LLM judge: a causal LM (model.py) that grades the completion 0-10 under
                                        JUDGE_RUBRIC; its greedy verdict, read by parse_verdict, scaled to [0, 1]
 
+A function may also read, by naming them as parameters (or all of them, with **kwargs),
+rewards.REWARD_INFO: question, truncated (cut at max_new_tokens), length (tokens, stop token
+included), max_new_tokens, template and answer_checker (None is "gsm8k"; a **kwargs function gets
+it only when it is given); a batched one rewards.BATCHED_REWARD_INFO, as lists. E.g.
+`def short(completion, gold, length, max_new_tokens): return 1 - length / max_new_tokens`.
 The two models are batched rewards (rewards.score_completions calls them and checks every value).
 Each component is logged on its own as reward_<rewards.reward_log_name(key)>;
 rewards.check_reward_names checks the keys when the config loads.

@@ -23,28 +23,16 @@ from template import R1_ZERO, Template, template_of
 
 
 def score_completions(completions: list[str], golds: list[str], truncated: list[bool],
-                      weights: dict[str, float],
-                      questions: list[str] | None = None, functions=None,
-                      template: Template = R1_ZERO,
+                      weights: dict[str, float], questions: list[str] | None = None,
+                      functions=None, template: Template = R1_ZERO,
                       lengths: list[int] | None = None, max_new_tokens: int | None = None,
-                      answer_checker: str | None = None) -> tuple[list[float], dict[str, list[float]]]:
-    """
-    Weighted sum of rewards per completion: total_i = sum over names of weights[name] *
-    reward_name(completion_i). completions, golds, truncated (and questions, the problems' text;
-    lengths, the completions' token counts): equal-length sequences (N,); weights: {reward name:
-    weight}, each name a built-in (REWARD_FUNCTIONS, called directly) or a key of functions, the
-    config's own rewards (reward_models.load_rewards) of either form:
-      per completion  function(completion, gold) -> float
-      batched         function(completions, golds, questions) -> N floats, marked by an attribute batched = True
-    Such a function may also read, by naming them as parameters (or all of them, with **kwargs),
-    REWARD_INFO: question, truncated (cut at max_new_tokens), length (tokens, stop token included),
-    max_new_tokens, template and answer_checker (None is "gsm8k"; a **kwargs function gets it only
-    when it is given); batched ones BATCHED_REWARD_INFO, with lists. E.g. def short(completion,
-    gold, length, max_new_tokens): return 1 - length / max_new_tokens. One that raises, returns a
-    value that is not a finite number or the wrong number of values stops here with a RuntimeError
-    naming the reward and the completion. Returns (totals: list of N floats, components: {name: list
-    of N unweighted rewards}).
-    """
+                      answer_checker: str | None = None) -> tuple[list[float], dict]:
+    """Each completion's rewards, weighed: -> (totals, N floats: sum over weights' names of weight
+    * reward; components, {name: N unweighted rewards}). A name is a rule (REWARD_FUNCTIONS) or a
+    key of functions, the config's own rewards (reward_models.py says what one may read, by
+    naming it: REWARD_INFO). completions, golds, truncated and questions, lengths (tokens): N each.
+    A reward that raises or returns anything but N finite numbers stops here with a RuntimeError
+    naming it and the completion."""
     functions = functions or {}
     sizes = [len(x) for x in (completions, golds, truncated, questions, lengths) if x is not None]
     if len(set(sizes)) > 1:
@@ -68,7 +56,8 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
         else:
             raise ValueError(f"unknown reward name {name!r}; known rewards are "
                              f"{sorted({*REWARD_FUNCTIONS, *functions})}")
-    totals = [sum(weights[name] * components[name][i] for name in weights) for i in range(len(completions))]
+    totals = [sum(weights[name] * components[name][i] for name in weights)
+              for i in range(len(completions))]
     for i, total in enumerate(totals):
         if not math.isfinite(total):
             raise RuntimeError(f"the weighted reward total is {total} for the completion "
@@ -215,13 +204,12 @@ def format_reward(completion: str, gold: str, truncated: bool = False,
     between </think> and <answer>, and after </answer>; a non-empty answer. gold and truncated are
     ignored: layout is judged on the text alone.
     """
-    (think_open, think_close), (answer_open, answer_close) = template.think, template.answer
-    if any(completion.count(tag) != 1 for tag in (think_open, think_close, answer_open,
-                                                  answer_close)):
+    think_open, think_close = template.think
+    answer_open, answer_close = template.answer
+    if any(completion.count(tag) != 1 for tag in (*template.think, *template.answer)):
         return 0.0
     before, _, rest = completion.partition(think_open)
-    # each tag occurs once, so a miss means bad order
-    _, think_closed, rest = rest.partition(think_close)
+    _, think_closed, rest = rest.partition(think_close)  # each tag occurs once: a miss is bad order
     between, answer_opened, rest = rest.partition(answer_open)
     answer, answer_closed, after = rest.partition(answer_close)
     in_order = think_closed and answer_opened and answer_closed

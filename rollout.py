@@ -211,12 +211,10 @@ def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
 
 
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str],
-                     seed: int | list[int],
-                     sampling: Sampling, scoring: Scoring,
+                     seed: int | list[int], sampling: Sampling, scoring: Scoring,
                      questions: list[str] | None = None) -> Samples:
-    """Sample one completion per prompt, ending at a stop (sampling.stops), decode it and score it
-    against its gold answer (scoring; questions: the problems' text, which the config's own rewards
-    may read)."""
+    """Sample one completion per prompt, decode it and score it against its gold answer
+    (questions: the problems' text, which the config's own rewards may read)."""
     start = time.perf_counter()
     rollout = generate(model, prompts, sampling.max_new_tokens, temperature=sampling.temperature,
                        top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops,
@@ -230,23 +228,20 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     # "</answer>" is kept in the text, a final end-of-text token is not
     texts = [tokenizer.decode(c[:-1] if c[-1] in sampling.end_of_text else c) for c in completions]
     # the prompt ends in the response prefix ("<think>"): the format reward judges the whole
-    # response. accuracy and format are measured whatever the weights; a 0 weight keeps them out of
-    # the reward
+    # response. Correctness and format are measured whatever the weights (0: not in the reward)
     template = scoring.template
-    rewards, components = score_completions([template.prefix + t for t in texts], golds,
-                                            [not s for s in stopped],
-                                            {"correctness": 0.0, "format": 0.0, **scoring.weights},
-                                            questions,
-                                            scoring.functions, template=template, lengths=lengths,
-                                            max_new_tokens=sampling.max_new_tokens,
-                                            answer_checker=scoring.answer_checker)
+    weights = {"correctness": 0.0, "format": 0.0, **scoring.weights}
+    rewards, components = score_completions(
+        [template.prefix + t for t in texts], golds, [not s for s in stopped], weights, questions,
+        scoring.functions, template=template, lengths=lengths,
+        max_new_tokens=sampling.max_new_tokens, answer_checker=scoring.answer_checker)
     claims = None
     if scoring.process:
         claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
                   for text, ids, stop in zip(texts, completions, stopped)]
     return Samples(prompts, completions, texts, stopped, logprobs, rewards, components,
-                   sampled - start,
-                   time.perf_counter() - sampled, claims, fast_paths=rollout.fast_paths)
+                   sampled - start, time.perf_counter() - sampled, claims,
+                   fast_paths=rollout.fast_paths)
 
 # -----------------------------------------------------------------------------
 # the post-sampling stage: reward shaping (SHAPING, in order, on every draw of a training step; each

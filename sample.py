@@ -63,12 +63,10 @@ def fall_back(path: str, doing: str, error: Exception):
 class Rollout:
     tokens: torch.Tensor  # [B, N] generated ids, pad_id after each row's end
     lengths: torch.Tensor  # [B] generated tokens per row, the stop sequence included
-    # [B, N] fp32 log_softmax(logits / T) at the chosen ids (T = 1 if greedy); 0 after the end
-    logprobs: torch.Tensor
-    # [B] True: the row ended with a stop sequence; False: cut at max_new_tokens
-    stopped: torch.Tensor
+    logprobs: torch.Tensor  # [B, N] fp32 log_softmax(logits / T) at the ids (T = 1 if greedy)
+    stopped: torch.Tensor  # [B] True: the row ended with a stop sequence; False: cut at the limit
     # {config key: whether that fast path decoded this rollout}, for each fast path asked for on a
-    # fast-path device (SWITCHES); {} elsewhere (the CPU has none to report)
+    # fast-path device (SWITCHES); {} elsewhere
     fast_paths: dict = field(default_factory=dict)
 
     @property
@@ -78,52 +76,48 @@ class Rollout:
 
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(),
-             stop_sequences=(),
-             seed=None, pad_id=0, cuda_graphs=True, fused_sampling=True) -> Rollout:
-    """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens sampled
-    tokens.
-
-    A row ends right after it generates the last id of a stop sequence (a list of ids, such as the
-    tokens of "</answer>"; each of stop_ids is a sequence of one), the sequence kept in its output.
-    Only a sequence generated whole counts: one lying wholly or partly in the prompt does not stop
-    the row. temperature 0 is greedy; top_p / top_k truncate the sampling distribution (off-policy,
-    see the module docstring). Same seed, same device -> same output; seed None draws a fresh one.
-    seed may also be a list, one per prompt: each row then draws from its own generator, so its
-    samples do not depend on the other rows of the batch (this runs the eager loop).
-    cuda_graphs=False runs the plain eager loop on CUDA too (the CPU always does);
-    fused_sampling=False samples with torch ops instead of the fused Triton kernel. Either fast path
-    falls back to the eager one by itself when it fails (module docstring).
+             stop_sequences=(), seed=None, pad_id=0, cuda_graphs=True,
+             fused_sampling=True) -> Rollout:
+    """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens tokens.
+    A row ends right after it generates the last id of a stop sequence (a list of ids, as the tokens
+    of "</answer>"; each of stop_ids is one of one id), kept in its output; one lying partly in the
+    prompt does not count. temperature 0 is greedy; top_p / top_k truncate (off-policy: module
+    docstring). The same seed on the same device gives the same output; None draws one; a list
+    gives each row its own generator, so its samples do not depend on the batch (the eager loop).
+    cuda_graphs, fused_sampling: the GPU fast paths, each falling back to the eager one by itself.
     """
     _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
-    device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
-    batch, prompt_len = len(prompts), max(len(p) for p in prompts)
-    # a multiple of 8 keeps attention kernels aligned
-    max_len = -(-(prompt_len + max_new_tokens) // 8) * 8
+    device = model.lm_head.weight.device
+    dtype = model.lm_head.weight.dtype
+    batch = len(prompts)
+    prompt_len = max(len(p) for p in prompts)
+    max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8: aligned kernels
     _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
     if isinstance(seed, (list, tuple)):
         if len(seed) != batch:
             raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one "
                              "per prompt")
-        generator, cuda_graphs = [torch.Generator(device).manual_seed(s) for s in seed], False
+        generator = [torch.Generator(device).manual_seed(s) for s in seed]
+        cuda_graphs = False  # a generator per row: the eager loop
     else:
         generator = torch.Generator(device)
         generator.manual_seed(seed) if seed is not None else generator.seed()
 
     ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
     real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts],
-                        device=device)
+                        device=device)  # [B, P]: not padding
     key_mask = torch.cat([real, real.new_ones(batch, max_len - prompt_len)], dim=1)
     cache = KVCache(model.config, batch, max_len, device, dtype)
-    positions, chunk, first = (real.cumsum(-1) - 1).clamp(min=0), max(1, PREFILL_TOKENS // prompt_len), []
-    # the prefill, PREFILL_TOKENS at most per forward: each writes its rows' cache
-    for start in range(0, batch, chunk):
+    positions = (real.cumsum(-1) - 1).clamp(min=0)
+    chunk = max(1, PREFILL_TOKENS // prompt_len)  # rows per prefill forward
+    first = []
+    for start in range(0, batch, chunk):  # the prefill: each forward writes its rows' cache
         rows = slice(start, start + chunk)
         hidden = model(ids[rows], positions=positions[rows],
                        attention_mask=key_mask[rows, :prompt_len],
                        cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
         first.append(model.lm_head(hidden[:, -1]))
-        # the prefill's hidden states [rows, P, dim] are not kept through the decode loop
-        del hidden
+        del hidden  # the prefill's hidden states [rows, P, dim] are not kept for the decode loop
     first = first[0] if len(first) == 1 else torch.cat(first)
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(batch, max_new_tokens, device=device)
@@ -134,7 +128,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     decoder.record(first)
 
     use_graphs = cuda_graphs and device.type in FAST_PATH_DEVICES
-    replay, shape = None, None
+    replay, shape = None, None  # the graph of the current batch size and bucket
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
             alive = int((~decoder.done).sum())  # the only host sync of the loop
@@ -145,26 +139,24 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
         decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
         if not use_graphs or GRAPHS in FALLEN_BACK:
             decoder.step()
-        elif (len(decoder.rows), decoder.attend) != shape:
-            # a new batch size or bucket: capture a new graph
+        elif (len(decoder.rows), decoder.attend) != shape:  # a new batch size or bucket
             replay, shape = None, (len(decoder.rows), decoder.attend)
-            # decodes this step, then captures it
-            replay = _captured(decoder.step, generator, device)
+            replay = _captured(decoder.step, generator, device)  # decodes this step, captures it
         else:
             replay()
 
     stopped = decoder.ends > 0
     lengths = torch.where(stopped, decoder.ends, max_new_tokens)
     n = int(lengths.max())
-    return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped, _fast_paths_used(
-        device, cuda_graphs, fused_sampling and isinstance(generator,
-                                                           torch.Generator), temperature, top_p, top_k))
+    fused = fused_sampling and isinstance(generator, torch.Generator)
+    fast_paths = _fast_paths_used(device, cuda_graphs, fused, temperature, top_p, top_k)
+    return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped, fast_paths)
 
 
 def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
     config = model.config
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("generate needs a non-empty list of non-empty prompts (lists of token ids)")
+        raise ValueError("generate needs a non-empty list of non-empty prompts (token-id lists)")
     if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
         raise ValueError("need max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0; "
                          f"got {max_new_tokens}, {temperature}, {top_p}, {top_k}")
@@ -180,7 +172,8 @@ def _check_memory(config, batch, prompt_len, max_len, dtype, device):
     fit the free memory."""
     if device.type != "cuda":
         return
-    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    free = torch.cuda.mem_get_info(device)[0]
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # cached
     cache = KVCache.nbytes(config, batch, max_len, dtype)
     prefill = prefill_nbytes(config, batch, prompt_len, dtype)
     if cache + prefill > free:
@@ -195,19 +188,21 @@ def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
     """The first `length` slots of `cache` (of these rows), sharing its memory: attention then reads
     only those."""
     view = copy.copy(cache)
-    view.k, view.v, view.max_len = cache.k[:, rows, :, :length], cache.v[:, rows, :, :length], length
+    view.k = cache.k[:, rows, :, :length]
+    view.v = cache.v[:, rows, :, :length]
+    view.max_len = length
     return view
 
 
 def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
     """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence
-    right-aligned to end in the last column, -1 padding the shorter ones on the left; no stops at
-    all gives [0, 1]."""
+    right-aligned to end in the last column, -1 padding the shorter ones; no stops gives [0, 1]."""
     for sequence in stop_sequences:
         if isinstance(sequence, (int, str)):
             raise ValueError("stop_sequences is a list of token-id lists such as [[522, 9217, "
                              f"29]]; got an element {sequence!r}")
-    sequences = [[int(i)] for i in stop_ids] + [[int(i) for i in sequence] for sequence in stop_sequences]
+    sequences = [[int(i)] for i in stop_ids]
+    sequences += [[int(i) for i in sequence] for sequence in stop_sequences]
     for sequence in sequences:
         if not sequence:
             raise ValueError("a stop sequence is empty: each needs at least one token id")
@@ -231,38 +226,32 @@ class _Decoder:
         self.model, self.cache, self.key_mask, self.pos = model, cache, key_mask, positions
         self.tokens, self.logprobs = tokens, logprobs  # [B, max_new] outputs, indexed by self.rows
         self.sampling, self.pad_id, self.generator = sampling, pad_id, generator
-        # [S, L] stop sequences, right-aligned; -1 pads shorter ones
-        self.stop, self.stop_pad = stop, stop < 0
+        self.stop, self.stop_pad = stop, stop < 0  # [S, L] stop sequences, right-aligned; -1 pads
         self.rows = torch.arange(len(positions), device=positions.device)
-        # each row's latest token, fed at the next step
-        self.last = torch.full_like(self.rows, pad_id)
-        # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop must be
-        # all generated
+        self.last = torch.full_like(self.rows, pad_id)  # each row's latest token, fed next step
+        # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop sequence
+        # must be all generated
         self.recent = torch.full((len(self.rows), stop.shape[1]), -1, dtype=torch.long,
                                  device=positions.device)
-        # [B] by self.rows: the row's length once it has stopped, else 0
-        self.ends = torch.zeros_like(self.rows)
+        self.ends = torch.zeros_like(self.rows)  # [B] by self.rows: a stopped row's length, else 0
         self.done = torch.zeros_like(self.rows, dtype=torch.bool)
-        # tokens generated so far
-        self.n = torch.zeros((), dtype=torch.long, device=positions.device)
-        # cache slot of the first generated token: the padded prompt length
-        self.first_slot = first_slot
+        self.n = torch.zeros((), dtype=torch.long, device=positions.device)  # tokens so far
+        self.first_slot = first_slot  # the first generated token's cache slot: the prompt length
         self.attend = key_mask.shape[1]  # cache slots read by attention; set per bucket by the host
 
     def record(self, logits):
-        """Sample from logits [b, V] into output column n; rows already done get pad_id and log-prob
-        0."""
+        """Sample from logits [b, V] into output column n; rows done get pad_id, log-prob 0."""
         temperature, top_p, top_k, fused = self.sampling
         ids, logprobs = sample_next(logits, temperature, top_p, top_k, self.generator, fused)
-        ids, logprobs = ids.masked_fill(self.done,
-                                        self.pad_id), logprobs.masked_fill(self.done, 0.0)
+        ids = ids.masked_fill(self.done, self.pad_id)
+        logprobs = logprobs.masked_fill(self.done, 0.0)
         column = (self.rows, self.n.expand_as(self.rows))
         self.tokens.index_put_(column, ids)
         self.logprobs.index_put_(column, logprobs)
         self.recent.copy_(torch.cat([self.recent[:, 1:], ids[:, None]], dim=1))
-        # a row ends when its newest ids equal some stop sequence in every column that sequence
-        # fills
-        ends_now = ((self.recent[:, None] == self.stop) | self.stop_pad).all(-1).any(-1) & ~self.done
+        # a row ends when its newest ids equal some stop sequence in every column that one fills
+        matches = ((self.recent[:, None] == self.stop) | self.stop_pad).all(-1)  # [b, S]
+        ends_now = matches.any(-1) & ~self.done
         self.ends.index_put_((self.rows,), torch.where(ends_now, self.n + 1, self.ends[self.rows]))
         self.done |= ends_now
         self.last.copy_(ids)
@@ -329,7 +318,9 @@ def _graph_resources(device):
     every rollout reuses the pool's memory: reserved memory stays flat from step to step."""
     if device not in GRAPH_RESOURCES:
         with torch.cuda.device(device):
-            stream, pool, keeper = torch.cuda.Stream(device), torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream(device)
+            pool = torch.cuda.graph_pool_handle()
+            keeper = torch.cuda.CUDAGraph()
             with torch.cuda.stream(stream):
                 keeper.capture_begin(pool=pool)
                 torch.zeros(1, device=device)  # one kernel: torch warns of an empty graph
@@ -373,14 +364,10 @@ def _capture(step, generator, pool):
 
 def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
     """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before
-    truncation). generator: one torch.Generator, or a list of B (row b's noise from generator[b]:
-    per-row seeds).
-
-    temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T - log
-    E) with E ~ Exp(1), an exact draw from softmax(logits / T) with no host sync, so it can live in
-    a CUDA graph. fused: on CUDA, the fused Triton kernel where it applies (falling back to the
-    torch ops below if it fails).
-    """
+    truncation). generator: one torch.Generator, or a list of B (row b's noise from its own).
+    temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T -
+    log E) with E ~ Exp(1): an exact draw from softmax(logits / T) with no host sync, so that it
+    can live in a CUDA graph. fused: on CUDA, the fused Triton kernel where it applies."""
     one_generator = isinstance(generator, torch.Generator)
     if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
         try:
@@ -392,8 +379,11 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
     if temperature == 0:
         ids = logprobs.argmax(-1)
     else:
-        noise = torch.empty_like(logprobs).exponential_(generator=generator) if one_generator else \
-            torch.stack([torch.empty_like(logprobs[0]).exponential_(generator=g) for g in generator])
+        if one_generator:
+            noise = torch.empty_like(logprobs).exponential_(generator=generator)
+        else:  # a generator per row
+            noise = torch.stack([torch.empty_like(row).exponential_(generator=g)
+                                 for row, g in zip(logprobs, generator)])
         scores = logprobs - noise.log_()
         keep = truncation_mask(logprobs, top_p, top_k)
         if keep is not None:
@@ -406,8 +396,8 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
 def _fused_possible(device, temperature, top_p, top_k) -> bool:
     """Whether the fused kernel applies: Triton importable, a fast-path device, plain tempered
     sampling, and the kernel not fallen back from in this process."""
-    return (triton is not None and device.type in FAST_PATH_DEVICES and temperature > 0 and top_p == 1
-            and top_k == 0 and FUSED not in FALLEN_BACK)
+    return (triton is not None and device.type in FAST_PATH_DEVICES and temperature > 0
+            and top_p == 1 and top_k == 0 and FUSED not in FALLEN_BACK)
 
 
 def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor | None:
@@ -437,12 +427,12 @@ if triton is not None:
         row, chunk = tl.program_id(0), tl.program_id(1)
         cols = chunk * BLOCK + tl.arange(0, BLOCK)
         # the address in int64: rows * vocab passes 2^31 at 14,134 rows of Qwen's 151,936 logits
-        x = tl.load(logits + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        x = tl.load(logits + row.to(tl.int64) * vocab + cols, mask=cols < vocab,
+                    other=float("-inf")).to(tl.float32)
         x = x * inv_temperature
         top = tl.max(x, 0)
         # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across
-        # far-apart rows
-        # uniform in [0, 1): finite noise
+        # far-apart rows; the uniform draw lies in [0, 1): finite noise
         noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))
         out = row * tl.num_programs(1) + chunk
         tl.store(chunk_max + out, top)
@@ -482,8 +472,7 @@ def _combine_chunks(logits, temperature, top, sumexp, score, chunk_id):
 
 def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, top_k) -> dict:
     """Rollout.fast_paths: for each fast path asked for on a fast-path device, whether it decoded
-    the rollout (it did not when it fell back, or when the fused kernel does not apply to this
-    sampling)."""
+    the rollout (not when it fell back, nor where the fused kernel does not apply)."""
     if device.type not in FAST_PATH_DEVICES:
         return {}
     used = {}
@@ -505,4 +494,5 @@ def prefill_nbytes(config, batch_size: int, prompt_len: int, dtype: torch.dtype)
     tokens = min(batch_size, max(1, PREFILL_TOKENS // prompt_len)) * prompt_len
     attention = 4 * tokens * config.n_heads * config.head_dim * elem
     mlp = 3 * tokens * config.ffn_dim * elem
-    return max(attention, mlp) + 2 * tokens * config.dim * elem + batch_size * config.vocab_size * (elem + 8)
+    activations = max(attention, mlp) + 2 * tokens * config.dim * elem
+    return activations + batch_size * config.vocab_size * (elem + 8)  # + the last logits
