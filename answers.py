@@ -227,7 +227,8 @@ def _has_value_word(text, words):
 def _bounds_value(prefix):
     """Whether the words before a number in a sentence bound, hedge or negate it, or carry its sign
     apart."""
-    return (any(ch in BOUND_CHARS for ch in prefix) or prefix.rstrip().endswith(("-", "+", "\u2212"))
+    return (any(ch in BOUND_CHARS for ch in prefix)
+            or prefix.rstrip().endswith(("-", "+", "\u2212"))
             or _has_value_word(prefix, BOUND_WORDS))
 
 
@@ -269,7 +270,8 @@ def extract_answer(text: str, forms: tuple[str, ...] = DEFAULT_FORMS,
         raise ValueError(f"unknown answer form(s) {sorted(unknown)}; known forms are "
                          f"{DEFAULT_FORMS}")
     marked_forms = [form for form in forms if form in FORM_MARKERS]
-    if "answer_tag" in forms and (_occurs(text, template.answer[0]) or _occurs(text, template.answer[1])):
+    if ("answer_tag" in forms
+        and (_occurs(text, template.answer[0]) or _occurs(text, template.answer[1]))):
         content = _answer_tag_content(text, template.answer)
         return None if content is None else _tag_answer(content, marked_forms)
     if any(_occurs(text, marker) for form in marked_forms for marker in FORM_MARKERS[form][0]):
@@ -348,7 +350,8 @@ def _frac_to_slash(text):
 def _plain_integer(digits):
     """'1234' or thousands-grouped '1,234,567' -> int; None for '1,00', '12,34', '' and the like."""
     groups = digits.split(",")
-    if len(groups) > 1 and not (1 <= len(groups[0]) <= 3 and all(len(group) == 3 for group in groups[1:])):
+    if (len(groups) > 1
+        and not (1 <= len(groups[0]) <= 3 and all(len(group) == 3 for group in groups[1:]))):
         return None
     joined = "".join(groups)
     return int(joined) if joined.isdecimal() and joined.isascii() else None
@@ -379,7 +382,8 @@ def _changes_value(tail):
     """Whether the text after a number adds to, bounds or hedges it: a second number (digits or
     words), an operator, a doubt or a magnitude ("72 or more", "72 squared", "72-ish", "72
     thousand", "72k")."""
-    return any(ch.isdigit() or ch in TRAILING_FORBIDDEN for ch in tail) or _has_value_word(tail, VALUE_WORDS)
+    return (any(ch.isdigit() or ch in TRAILING_FORBIDDEN for ch in tail)
+            or _has_value_word(tail, VALUE_WORDS))
 
 
 def parse_number(text: str) -> Fraction | None:

@@ -196,7 +196,8 @@ def load_policy(cfg, state: dict | None, tokenizer) -> Transformer:
 def tokenizer_of(model: str, tokenizer: str = "", gguf_file: str = ""):
     """The tokenizer of a run or an evaluation: the one named ("char", a Hugging Face name or dir),
     else the model's own (a GGUF file carries its own)."""
-    return load_tokenizer(tokenizer) if tokenizer else load_tokenizer(model, gguf_file=gguf_file or None)
+    return (load_tokenizer(tokenizer) if tokenizer
+            else load_tokenizer(model, gguf_file=gguf_file or None))
 
 
 def export_hf(ckpt_path: str, directory: str, tokenizer):

@@ -309,7 +309,8 @@ def validate(cfg: TrainConfig):
              f"{package}" + (" (WANDB_MODE=offline logs without a network)" if package == "wandb" else ""))
     need(0 <= cfg.random_reward <= 1,
          f"random_reward must be a probability in [0, 1], got {cfg.random_reward}")
-    need(not cfg.random_reward or (cfg.method == "grpo" and cfg.reward_weights.get("correctness", 0) > 0),
+    need(not cfg.random_reward or (cfg.method == "grpo"
+                                   and cfg.reward_weights.get("correctness", 0) > 0),
          "random_reward replaces the correctness reward of GRPO's samples, so it needs "
          f"method='grpo' and a correctness weight in reward_weights; got method={cfg.method!r}, "
          f"reward_weights={cfg.reward_weights}")

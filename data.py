@@ -371,7 +371,8 @@ def count_check(expression: str) -> str:
 def carries(total: int, op: str, amount: int) -> bool:
     """True if total op amount crosses a ten, so that a quick sum has a carry or a borrow: 17+5,
     23-5 (a total below 0, which only a slipped solution reaches, never)."""
-    return total >= 0 and (total % 10 + amount >= 10 if op == "+" else total >= 10 and total % 10 < amount)
+    return (total >= 0
+            and (total % 10 + amount >= 10 if op == "+" else total >= 10 and total % 10 < amount))
 
 
 def rework_solution(row: dict, rng: random.Random, check: bool, error_rate: float = 0.0,
@@ -621,7 +622,8 @@ def load_problems(cfg) -> tuple[list[dict], list[dict], list[dict]]:
     worked = list(map(has_worked_solution, warm))
     # answers alone too
     direct = cfg.dataset == "synthetic_split" and cfg.synthetic_args.get("direct_share", 0) > 0
-    if (cfg.warm_starts or cfg.method == "sft_more") and not (any(worked) if direct else warm and all(worked)):
+    if ((cfg.warm_starts or cfg.method == "sft_more")
+        and not (any(worked) if direct else warm and all(worked))):
         raise ValueError("the warm start needs worked solutions: its set is empty or has a row "
                          "with only '#### N' (answer-only rows are kept on purpose only with "
                          "synthetic_split's direct_share)")

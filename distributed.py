@@ -104,7 +104,8 @@ def accumulating(policy, last: bool):
     """The context of one micro-batch's backward: DDP all-reduces the gradients in the last
     micro-batch's backward only, after the others accumulated theirs (no_sync); anything else needs
     nothing."""
-    return policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last else contextlib.nullcontext()
+    return (policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last
+            else contextlib.nullcontext())
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

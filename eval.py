@@ -160,7 +160,8 @@ def math_verify_grader():
 
     def grade(response: str, gold: str, template) -> bool:
         opening, closing = template.answer
-        tagged = response.rpartition(opening)[2].partition(closing)[0] if opening in response else None
+        tagged = (response.rpartition(opening)[2].partition(closing)[0] if opening in response
+                  else None)
         return bool(verify(parse(f"${gold}$"),
                            parse(response if tagged is None else f"${tagged}$")))
     return grade
@@ -342,7 +343,8 @@ def main(argv=None):
                      f"{args.limit} and {args.batch_size}")
     if not os.path.isfile(args.data):
         parser.error(f"--data {args.data}: no such file")
-    temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
+    temperature = (args.temperature if args.temperature is not None
+                   else (0.0 if args.n == 1 else 1.0))
     # a malformed data file, no network for a model not in the cache, ...: refused in a few lines
     with refusals():
         math_verify = math_verify_grader() if args.grader != "checker" else None

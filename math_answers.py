@@ -485,7 +485,8 @@ class _Parser:
             sides, ops = sides[::-1], [FLIPPED[op] for op in ops[::-1]]
         if len(ops) == 2:
             low, variable, high = sides
-            if not (set(ops) <= {"<", "le"} and _is_variable(variable) and _is_constant(low) and _is_constant(high)):
+            if not (set(ops) <= {"<", "le"} and _is_variable(variable) and _is_constant(low)
+                    and _is_constant(high)):
                 raise Unreadable("a chain other than low < x < high")
             return Relation("in", variable, _interval(low, ops[0], high, ops[1]))
         (op,), (left, right) = ops, sides
@@ -550,7 +551,8 @@ class _Parser:
         \\pi, \\sqrt, \\frac, \\sin, or a bracket; never a number."""
         kind, value = token
         return (kind == "word" or (kind == "sym" and value in "({") or
-                (kind == "cmd" and (value in ("frac", "sqrt", "pi") or value in FUNCTIONS or value in GREEK)))
+                (kind == "cmd"
+                 and (value in ("frac", "sqrt", "pi") or value in FUNCTIONS or value in GREEK)))
 
     def power(self):
         node = self.atom()
@@ -600,7 +602,8 @@ class _Parser:
             value += self.mixed_fraction()
         if self.accept(("sym", "_")):
             base = self.subscript()
-            if not (base.isdigit() and digits.isdigit() and all(int(digit) < int(base) for digit in digits)):
+            if not (base.isdigit() and digits.isdigit()
+                    and all(int(digit) < int(base) for digit in digits)):
                 raise Unreadable("not a numeral in that base")
         return ("num", value)
 
@@ -614,7 +617,8 @@ class _Parser:
             numerator, denominator, length = self.tokens[self.at][1], self.tokens[self.at + 2][1], 3
         else:
             return 0
-        if not (numerator.isdigit() and denominator.isdigit() and 0 < int(numerator) < int(denominator)):
+        if not (numerator.isdigit() and denominator.isdigit()
+                and 0 < int(numerator) < int(denominator)):
             return 0
         self.at += length
         return Fraction(int(numerator), int(denominator))
@@ -732,7 +736,8 @@ class _Parser:
                 token = self.take()
             elif token == ("end", environment):
                 rows.append(tuple(row))
-            if token != ("end", environment) or len({len(r) for r in rows}) != 1 or len(rows) * len(rows[0]) > MAX_ITEMS:
+            if (token != ("end", environment) or len({len(r) for r in rows}) != 1
+                or len(rows) * len(rows[0]) > MAX_ITEMS):
                 raise Unreadable("a malformed matrix")
             return Matrix(tuple(rows))
 
@@ -902,7 +907,8 @@ def _power(base, exponent):
                 if m:
                     square = _arith("*", square, square)
             return _arith("/", Fraction(1), result) if n < 0 else result
-        if isinstance(base, Fraction) and (base >= 0 or exponent.denominator % 2) and exponent.denominator <= MAX_ROOT:
+        if (isinstance(base, Fraction) and (base >= 0 or exponent.denominator % 2)
+            and exponent.denominator <= MAX_ROOT):
             return _power(_root(base, exponent.denominator), Fraction(exponent.numerator))
     return _checked(complex(base) ** complex(exponent))
 
@@ -937,7 +943,8 @@ def _value(node, point):
         value = _value(node[1], point)
         if isinstance(value, Fraction):
             return abs(value)
-        return _root(value.re ** 2 + value.im ** 2, 2) if isinstance(value, Gaussian) else complex(abs(value))
+        return (_root(value.re ** 2 + value.im ** 2, 2) if isinstance(value, Gaussian)
+                else complex(abs(value)))
     raise Unreadable("\\pm inside a tuple, interval or expression")
 
 
@@ -1071,7 +1078,8 @@ def _same_relation(pred, gold):
     if pred.op != gold.op:
         return False
     if not (_is_scalar(gold.right) and _is_scalar(pred.right)):
-        return _is_assignment(pred) and _is_assignment(gold) and pred.left == gold.left and _same(pred.right, gold.right)
+        return (_is_assignment(pred) and _is_assignment(gold) and pred.left == gold.left
+                and _same(pred.right, gold.right))
     return _proportional(("-", pred.left, pred.right), ("-", gold.left, gold.right),
                          gold.op in ("<", "le"))
 
@@ -1101,7 +1109,8 @@ def _same(pred, gold):
     if isinstance(gold, Union):
         return _same_unordered(pred.members, gold.members)
     if isinstance(gold, Seq):
-        return ((pred.opener, pred.closer) == (gold.opener, gold.closer) and len(pred.items) == len(gold.items)
+        return ((pred.opener, pred.closer) == (gold.opener, gold.closer)
+                and len(pred.items) == len(gold.items)
                 and all(_same(p, g) for p, g in zip(pred.items, gold.items)))
     if isinstance(gold, Matrix):
         return (len(pred.rows) == len(gold.rows) and len(pred.rows[0]) == len(gold.rows[0])
@@ -1122,7 +1131,8 @@ def _without_unit_words(tokens):
     while start > 0 and tokens[start - 1][0] in ("word", "text"):
         start -= 1
     words = " ".join(value for _, value in tokens[start:]).lower().replace("-", " ").replace("'", " ").split()
-    if start == 0 or not words or any(len(word) < 2 or word in HEDGE_WORDS or word in WORD_COMMANDS for word in words):
+    if (start == 0 or not words
+        or any(len(word) < 2 or word in HEDGE_WORDS or word in WORD_COMMANDS for word in words)):
         return None
     return tokens[:start]
 

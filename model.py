@@ -98,7 +98,8 @@ class ModelConfig:
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: model.py implements "
                              "SwiGLU (silu)")
-        sliding = hf.get("use_sliding_window") or any(kind != "full_attention" for kind in hf.get("layer_types") or [])
+        sliding = (hf.get("use_sliding_window")
+                   or any(kind != "full_attention" for kind in hf.get("layer_types") or []))
         if sliding or hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ValueError("sliding-window attention, attention_bias (Llama, Qwen3) and "
                              "mlp_bias are not implemented")

@@ -7,7 +7,7 @@ and the curves drawn from the logs (plot_runs, out_dir/curves.png at a run's end
 inside a step.
 
     python records.py out/demo                                        # writes out/demo/curves.png
-    python records.py out/demo_grpo out/demo_rft --out compare.png    # several runs on one figure, a colour each
+    python records.py out/demo_grpo out/demo_rft --out compare.png    # several runs, a colour each
 
 The curves need matplotlib (`pip install matplotlib`); train.py draws them at the end of a run when
 it is installed. Where to add a logged metric: a function in METRICS; a yes/no property of a
@@ -89,7 +89,8 @@ def speed_metrics(samples: Samples, cfg, template) -> dict:
 
 def group_metrics(samples: Samples, cfg, template) -> dict:
     """The share of groups whose rewards are all equal (they carry no signal)."""
-    return {"zero_std_frac": zero_std_group_fraction(torch.tensor(samples.rewards), cfg.group_size).item()}
+    rewards = torch.tensor(samples.rewards)
+    return {"zero_std_frac": zero_std_group_fraction(rewards, cfg.group_size).item()}
 
 
 METRICS = (reward_metrics, accuracy_metrics, length_metrics, speed_metrics, group_metrics)
@@ -228,8 +229,8 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
                          "PATH)")
     runs = []
     for out_dir in out_dirs:
-        log, evals = read_log(os.path.join(out_dir,
-                                           "log.jsonl")), read_log(os.path.join(out_dir, "eval.jsonl"))
+        log = read_log(os.path.join(out_dir, "log.jsonl"))
+        evals = read_log(os.path.join(out_dir, "eval.jsonl"))
         if not log and not evals:
             raise FileNotFoundError(f"no log.jsonl or eval.jsonl in {out_dir}: is it a train.py "
                                     "out_dir?")
@@ -240,18 +241,18 @@ def plot_runs(out_dirs: list[str], path: str = "") -> str:
         return [s for s, _ in points], [v for _, v in points]
 
     fig, axes = plt.subplots(2, 4, figsize=(20, 7), sharex=True)
-    panels = [(axes[0, 0], "train reward",
-               [("log", "accuracy", "correctness"), ("log", "reward", "total")]),
-              (axes[0, 1], "held-out pass@1 (greedy)", [("evals", "pass@1", "pass@1")]),
-              (axes[0, 2], "response length (tokens)", [("log", "response_length", "mean"),
-                                                        ("log", "response_length_max", "max")]),
-              (axes[0, 3], "KL to reference (k3)", [("log", "kl", "kl")]),
-              (axes[1, 0], "share of worked answers", [("log", "worked_rate", "sampled"),
-                                                       ("evals", "worked_rate",
-                                                        "held-out, greedy")]),
-              (axes[1, 1], "share re-checking (reflect_rate)", [("log", "reflect_rate", "sampled"),
-                                                                ("evals", "reflect_rate", "held-out, greedy")]),
-              (axes[1, 2], "entropy (nats / token)", [("log", "entropy", "entropy")])]
+    panels = [  # (axes, title, [(log or evals, key, label), ...])
+        (axes[0, 0], "train reward", [("log", "accuracy", "correctness"),
+                                      ("log", "reward", "total")]),
+        (axes[0, 1], "held-out pass@1 (greedy)", [("evals", "pass@1", "pass@1")]),
+        (axes[0, 2], "response length (tokens)", [("log", "response_length", "mean"),
+                                                  ("log", "response_length_max", "max")]),
+        (axes[0, 3], "KL to reference (k3)", [("log", "kl", "kl")]),
+        (axes[1, 0], "share of worked answers", [("log", "worked_rate", "sampled"),
+                                                 ("evals", "worked_rate", "held-out, greedy")]),
+        (axes[1, 1], "share re-checking (reflect_rate)",
+         [("log", "reflect_rate", "sampled"), ("evals", "reflect_rate", "held-out, greedy")]),
+        (axes[1, 2], "entropy (nats / token)", [("log", "entropy", "entropy")])]
     axes[1, 3].axis("off")
     several = len(runs) > 1
     for ax, title, lines in panels:

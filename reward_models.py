@@ -113,7 +113,8 @@ def parse_verdict(verdict: str) -> float:
     "11", no verdict) is 0.0: when in doubt, lean to 0."""
     answer = extract_answer(verdict.strip().partition("\n")[0])
     score = parse_number(answer.removesuffix("/10")) if answer is not None else None
-    return float(score) / 10 if score is not None and score.denominator == 1 and 0 <= score <= 10 else 0.0
+    return (float(score) / 10 if score is not None and score.denominator == 1 and 0 <= score <= 10
+            else 0.0)
 
 
 class Judge:

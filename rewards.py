@@ -14,8 +14,9 @@ import operator
 import os
 from types import MappingProxyType
 
-# noqa: F401
-from answers import ANSWER_CHECKERS, answer_checker_of, extract_answer, is_equiv, leading_number
+# extract_answer and is_equiv are rewards.py's too: users and outside checks call them from here
+from answers import (ANSWER_CHECKERS, answer_checker_of, extract_answer, is_equiv,  # noqa: F401
+                     leading_number)
 from template import R1_ZERO, Template, template_of
 
 # -----------------------------------------------------------------------------
@@ -334,7 +335,8 @@ def _claim_tokens(text, start, end):
         if char.isspace() or (char == "$" and text[i + 1:i + 2] in DIGITS):
             i += 1
             continue
-        signed = char in "+-\u2212" and text[i + 1:i + 2] in DIGITS and not (tokens and tokens[-1][0] in ("num", ")"))
+        signed = (char in "+-\u2212" and text[i + 1:i + 2] in DIGITS
+                  and not (tokens and tokens[-1][0] in ("num", ")")))
         # a number, ".5" too
         if char in DIGITS or signed or (char == "." and text[i + 1:i + 2] in DIGITS):
             digits_end = i + 1
@@ -347,7 +349,8 @@ def _claim_tokens(text, start, end):
             negative = char in "-\u2212"
             tokens.append(("num", -value if negative else value, i) if value is not None else ("other", None, i))
             continue
-        if char in CLAIM_OPERATORS and not (char == "x" and (text[i - 1:i].isalpha() or text[i + 1:i + 2].isalpha())):
+        if (char in CLAIM_OPERATORS
+            and not (char == "x" and (text[i - 1:i].isalpha() or text[i + 1:i + 2].isalpha()))):
             kind, value = "op", CLAIM_OPERATORS[char]
         else:
             kind, value = (char, None) if char in "()" else ("other", None)
@@ -371,10 +374,12 @@ def _expression(tokens, at, level=0):
         if at < len(tokens) and tokens[at][0] == "num":
             return tokens[at][1], at + 1
         inner = _expression(tokens, at + 1) if at < len(tokens) and tokens[at][0] == "(" else None
-        return (inner[0], inner[1] + 1) if inner and inner[1] < len(tokens) and tokens[inner[1]][0] == ")" else None
+        return ((inner[0], inner[1] + 1)
+                if inner and inner[1] < len(tokens) and tokens[inner[1]][0] == ")" else None)
     parsed = _expression(tokens, at, level + 1)
     operators = "+-" if level == 0 else "*/"
-    while parsed and parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op" and tokens[parsed[1]][1] in operators:
+    while (parsed and parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op"
+           and tokens[parsed[1]][1] in operators):
         operand = _expression(tokens, parsed[1] + 1, level + 1)
         if operand is None:
             break
@@ -400,7 +405,8 @@ def _right_side(tokens):
     None; it must not be followed by an operator ("7 + apples"), nor be longer than
     MAX_CLAIM_TOKENS."""
     parsed = _expression(tokens[:MAX_CLAIM_TOKENS + 1], 0)
-    if parsed is None or (parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op") or parsed[1] > MAX_CLAIM_TOKENS:
+    if (parsed is None or (parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op")
+        or parsed[1] > MAX_CLAIM_TOKENS):
         return None
     return parsed[0], any(token[0] == "op" for token in tokens[:parsed[1]]), tokens[parsed[1] - 1][2]
 
@@ -462,7 +468,8 @@ def reflects(completion: str, template: Template = R1_ZERO,
     wrong" and "Let me double-check" do, "checked", "checklist" and "awaited" do not; a hyphen joins
     a word ("re-check" is not "check"). Logged as reflect_rate (records.completion_flags)."""
     text = completion.partition(template.think[1])[0].lower()
-    words = " " + " ".join("".join(c if c.isalnum() or c == "-" else " " for c in text).split()) + " "
+    words = (" " + " ".join("".join(c if c.isalnum() or c == "-" else " " for c in text).split())
+             + " ")
     return any(f" {marker.lower()} " in words for marker in markers)
 
 

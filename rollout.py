@@ -5,8 +5,8 @@ for training (sample_groups: G completions of each of a step's questions) and fo
 (eval.score_questions).
 
     samples = sample_and_score(model, tokenizer, prompts, golds, seed, sampling, scoring)
-    samples.completions[i], samples.texts[i], samples.rewards[i]      # row i answers prompts[i]
-    samples.select([0, 1, 2]), Samples.concat([a, b])                  # rows kept together, every field aligned
+    samples.completions[i], samples.texts[i], samples.rewards[i]   # row i answers prompts[i]
+    samples.select([0, 1, 2]), Samples.concat([a, b])   # rows kept together, every field aligned
 
 Where to add a reward shaping: a function in SHAPING. What a step logs of its samples is
 records.py's.
@@ -97,8 +97,8 @@ class Samples:
 
     def select(self, rows: list[int]) -> "Samples":
         """The samples of these rows, in this order; timings and stats are kept."""
-        picked = {name: None if getattr(self, name) is None else [getattr(self, name)[i] for i in rows]
-                  for name in self.ROWS}
+        picked = {name: None if getattr(self, name) is None
+                  else [getattr(self, name)[i] for i in rows] for name in self.ROWS}
         components = {name: [values[i] for i in rows] for name, values in self.components.items()}
         return dataclasses.replace(self, **picked, components=components, stats=dict(self.stats))
 
@@ -108,14 +108,16 @@ class Samples:
         wins). A per-row field absent (None) in any part is None."""
         rows = {name: None if any(getattr(p, name) is None for p in parts) else
                 [x for p in parts for x in getattr(p, name)] for name in Samples.ROWS}
-        components = {name: [x for p in parts for x in p.components[name]] for name in parts[0].components}
-        # a fast path ran if it decoded every part
+        components = {name: [x for p in parts for x in p.components[name]]
+                      for name in parts[0].components}
         paths = dict.fromkeys(key for p in parts for key in p.fast_paths)
+        fast_paths = {key: all(p.fast_paths.get(key, False) for p in parts)  # it decoded every part
+                      for key in paths}
         return Samples(**rows, components=components,
                        seconds_sampling=sum(p.seconds_sampling for p in parts),
                        seconds_scoring=sum(p.seconds_scoring for p in parts),
                        stats={key: value for p in parts for key, value in p.stats.items()},
-                       fast_paths={key: all(p.fast_paths.get(key, False) for p in parts) for key in paths})
+                       fast_paths=fast_paths)
 
 
 @dataclass
@@ -185,7 +187,8 @@ def dynamic_groups(run, cfg, step: int) -> Samples:
                                     rollout_seed(cfg.seed, step * world_size() + rank(), draw))
             informative = informative_groups(samples.rewards, G)
             for g in range(share):
-                (kept if informative[g] else dropped).append(samples.select(range(g * G, (g + 1) * G)))
+                group = samples.select(range(g * G, (g + 1) * G))
+                (kept if informative[g] else dropped).append(group)
             drawn.append(samples)
         if all(from_every_rank(len(kept) >= share)):  # a collective: the ranks draw together
             break
@@ -282,7 +285,7 @@ def overlong_penalty(samples: Samples, cfg, seed: int):
     overlong_buffer_len > 0: with L_max = max_new_tokens and L_cache = overlong_buffer_len, a
     completion of L tokens gets
         0                                  if L <= L_max - L_cache
-        ((L_max - L_cache) - L) / L_cache  if L_max - L_cache < L <= L_max      (down to -1 at L = L_max)
+        ((L_max - L_cache) - L) / L_cache  if L_max - L_cache < L <= L_max  (-1 at L = L_max)
     times overlong_penalty_factor (verl's name; DAPO's is 1), added to its reward and logged as
     reward_overlong. Eq. 13's -1 beyond L_max never applies here: the sampler stops at L_max."""
     if cfg.overlong_buffer_len > 0:
@@ -301,7 +304,8 @@ def informative_groups(rewards: list[float], group_size: int) -> list[bool]:
     wrong) has zero advantages and no policy gradient. The rewards are the shaped totals, so a
     shaping term that tells a group's completions apart keeps it (verl's DAPO recipe filters on
     accuracy alone)."""
-    return [len(set(rewards[start:start + group_size])) > 1 for start in range(0, len(rewards), group_size)]
+    return [len(set(rewards[start:start + group_size])) > 1
+            for start in range(0, len(rewards), group_size)]
 
 
 def dynamic_sampling_stats(drawn: Samples, group_size: int, draws: int, filled: int) -> dict:

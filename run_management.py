@@ -103,7 +103,8 @@ def hub_names(cfg) -> list[tuple[str, str, str]]:
 def is_hub_name(name: str) -> bool:
     """A Hugging Face repo id ("Qwen/Qwen2.5-0.5B", "gpt2"), not a path: no such file or directory
     here, nothing path-like about it (model.py loads a missing local path as no such directory)."""
-    return not (os.path.exists(os.path.expanduser(name)) or name.startswith((os.sep, ".", "~")) or name.count("/") > 1)
+    return not (os.path.exists(os.path.expanduser(name)) or name.startswith((os.sep, ".", "~"))
+                or name.count("/") > 1)
 
 
 def cached(name: str, file: str) -> bool:
@@ -205,8 +206,8 @@ def memory_need(parts: dict[str, int]) -> int:
 
 def memory_estimate(parts: dict[str, int]) -> str:
     """memory_need(parts) in words, with its parts: held, and each phase's."""
-    # noqa: E731
-    listed = lambda names: ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])
+    def listed(names):
+        return ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])
     return (f"{size(memory_need(parts))} at least (held: "
             f"{listed([n for n in parts if n not in PHASED])}; then the "
             f"larger of sampling: {listed(PHASES['sampling'])}, and the update: "
@@ -244,7 +245,8 @@ def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_
     # old + new ckpt.pt, sft.pt, hf/
     disk = 2 * checkpoint + (4 * params if cfg.warm_starts else 0) + 4 * params
     disk *= cfg.save_checkpoints
-    target = cfg.out_dir if os.path.isdir(cfg.out_dir) else os.path.dirname(os.path.abspath(cfg.out_dir))
+    target = (cfg.out_dir if os.path.isdir(cfg.out_dir)
+              else os.path.dirname(os.path.abspath(cfg.out_dir)))
     free = shutil.disk_usage(target).free
     if disk > free:
         raise OSError(f"disk too small: {cfg.out_dir} needs about {size(disk)} for this run's "
@@ -302,7 +304,8 @@ class RunLock:
                     raise RuntimeError(f"{self.out_dir} is in use by a running train.py "
                                        f"({holder}); wait for it to finish, stop it, or choose "
                                        "another --out_dir") from None
-            same = os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(file.fileno()).st_ino
+            same = (os.path.exists(self.path)
+                    and os.stat(self.path).st_ino == os.fstat(file.fileno()).st_ino)
             if same:  # else its holder removed it between our open and our lock: open the path anew
                 self.file = file
             else:
@@ -412,7 +415,8 @@ def is_run_config(path: str) -> bool:
             config = json.load(f)
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and {"out_dir", "group_size", "max_steps", "seed"} <= set(config)
+    return (isinstance(config, dict)
+            and {"out_dir", "group_size", "max_steps", "seed"} <= set(config))
 
 
 def start_out_dir(cfg, state: dict | None, heldout: list[dict]):
@@ -506,7 +510,8 @@ def resume_command() -> str:
     command = shlex.join(["python",
                           os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "train.py",
                           *args])
-    return f"torchrun [its options] {command.removeprefix('python ')}" if world_size() > 1 else command
+    return (f"torchrun [its options] {command.removeprefix('python ')}" if world_size() > 1
+            else command)
 
 
 def report_stop(signal_name: str, where: str, cfg):

@@ -85,7 +85,8 @@ class Template:
                 raise ValueError("template prompt must name {question} exactly once, got "
                                  f"{text!r}")
         tags = [*self.think, *self.answer]
-        if len(self.think) != 2 or len(self.answer) != 2 or not all(isinstance(t, str) and t for t in tags):
+        if (len(self.think) != 2 or len(self.answer) != 2
+            or not all(isinstance(t, str) and t for t in tags)):
             raise ValueError("template tags must be two pairs of non-empty strings (open, close), "
                              f"got think={self.think!r}, answer={self.answer!r}")
         for i, tag in enumerate(tags):
@@ -146,14 +147,16 @@ def format_prompt(question: str, template, tokenizer=None) -> str:
     if not template.chat:
         return template.fill(template.prompt, question) + template.prefix
     if not getattr(tokenizer, "chat_template", None):
-        which = "no tokenizer was given" if tokenizer is None else f"{type(tokenizer).__name__} has none"
+        which = ("no tokenizer was given" if tokenizer is None
+                 else f"{type(tokenizer).__name__} has none")
         raise ValueError(f"template {template.name or 'chat'!r} applies the tokenizer's own chat "
                          f"template, and {which}: use a text template, one of "
                          f"{sorted(name for name, other in TEMPLATES.items() if not other.chat)}")
     messages = ([{"role": "system",
                   "content": template.fill(template.system)}] if template.system else []) + \
         [{"role": "user", "content": template.fill(template.prompt, question)}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + template.prefix
+    return (tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            + template.prefix)
 
 
 def encode_prompt(tokenizer, question: str, template) -> list[int]:
