@@ -40,8 +40,8 @@ def save_checkpoint(run, cfg, path: str, full: bool = True):
     if full:
         # its per-weight dicts are the optimizer's own: gather copies
         optimizer = run.optimizer.state_dict()
-        optimizer["state"] = {i: gathered_to_rank0(dict(moments)) for i,
-                              moments in optimizer["state"].items()}
+        optimizer["state"] = {i: gathered_to_rank0(dict(moments))
+                              for i, moments in optimizer["state"].items()}
         state.update(optimizer=optimizer, stream=run.stream.state_dict(),
                      reference=run.reference.state_dict() if run.reference is not None else None)
     if rank() == 0:
@@ -109,7 +109,8 @@ def restore(run, state: dict):
     """Put a full checkpoint's training state into a freshly set-up run: step, optimizer (FSDP2:
     each rank keeps its shard), question order, reference, run id. The weights came in with the
     model (load_policy)."""
-    run.step, run.run_id = state["step"], state.get("run_id") or run.run_id
+    run.step = state["step"]
+    run.run_id = state.get("run_id") or run.run_id
     run.optimizer.load_state_dict(state["optimizer"])
     shard_optimizer_state(run.optimizer)
     run.stream.load_state_dict(state["stream"])
@@ -145,7 +146,8 @@ def model_from_checkpoint(state: dict) -> Transformer:
     """The fp32 model saved in a train.py checkpoint dict, with its LoRA adapters if the run had
     them: built on the meta device and given the checkpoint's tensors (no random init of weights
     about to be overwritten, no copy)."""
-    config, saved = ModelConfig(**state["model_config"]), state["config"]
+    config = ModelConfig(**state["model_config"])
+    saved = state["config"]
     with torch.device("meta"):
         model = Transformer(config)
         # adapters come after the warm start
@@ -160,7 +162,8 @@ def load_init_weights(policy: Transformer, path: str, warm: list[dict], check_wa
     shape and, with check_warm_set, that its run warm-started on this run's warm-start set `warm`
     (else it may hold held-out chains)."""
     state = read_checkpoint(path)
-    theirs, ours = state["model_config"], dataclasses.asdict(policy.config)
+    theirs = state["model_config"]
+    ours = dataclasses.asdict(policy.config)
     differ = [f"{key} {theirs.get(key)!r} (this run: {ours[key]!r})" for key in ours if theirs.get(key) != ours[key]]
     if differ:
         raise ValueError(f"init_from={path} holds a model of another shape: {', '.join(differ)}")

@@ -261,18 +261,16 @@ def validate(cfg: TrainConfig):
         if not ok:
             raise ValueError(f"config: {message}")
     for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size",
-                "logprob_chunk",
-                "eval_batch_size", "sft_batch_size", "synthetic_train_size", "synthetic_eval_size",
-                "max_num_gen_batches"):
+                "logprob_chunk", "eval_batch_size", "sft_batch_size", "synthetic_train_size",
+                "synthetic_eval_size", "max_num_gen_batches"):
         need(getattr(cfg, key) >= 1, f"{key} must be >= 1, got {getattr(cfg, key)}")
     for key in ("max_steps", "warmup_steps", "sft_steps", "synthetic_warm_size", "eval_every",
-                "eval_size",
-                "sample_every", "checkpoint_every", "sft_checkpoint_every", "ref_reset_every",
-                "weight_decay", "grad_clip", "threads", "overlong_buffer_len"):
+                "eval_size", "sample_every", "checkpoint_every", "sft_checkpoint_every",
+                "ref_reset_every", "weight_decay", "grad_clip", "threads", "overlong_buffer_len"):
         need(getattr(cfg, key) >= 0, f"{key} must be >= 0, got {getattr(cfg, key)}")
     need(cfg.temperature > 0,
          f"temperature must be > 0, got {cfg.temperature}: GRPO needs the log-probs of a "
-                              "sampling distribution (temperature 0 is greedy decoding)")
+         "sampling distribution (temperature 0 is greedy decoding)")
     need(cfg.lr > 0 and cfg.sft_lr > 0, f"lr and sft_lr must be > 0, got {cfg.lr} and {cfg.sft_lr}")
     need(len(cfg.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.adam_betas),
          f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
@@ -285,11 +283,10 @@ def validate(cfg: TrainConfig):
          f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
     need(cfg.save_checkpoints or not cfg.resume,
-         "resume goes on from out_dir/ckpt.pt, and save_checkpoints=False "
-                                                 "writes none")
+         "resume goes on from out_dir/ckpt.pt, and save_checkpoints=False writes none")
     need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0,
-         "ref_reset_every with LoRA is not supported: the reference "
-                                                         "is the base model with the adapters off")
+         "ref_reset_every with LoRA is not supported: the reference is the base model with the "
+         "adapters off")
     need(cfg.sharding in ("ddp", "fsdp"), f"sharding must be 'ddp' or 'fsdp', got {cfg.sharding!r}")
     need(cfg.prompts_per_step % world_size() == 0,
          f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} "
@@ -302,11 +299,11 @@ def validate(cfg: TrainConfig):
     need(not cfg.init_from or cfg.resume or os.path.isfile(cfg.init_from),
          f"init_from={cfg.init_from!r}: no such file (a train.py checkpoint, e.g. "
          "out/demo_warm/sft.pt)")
-    for wanted, package in ((cfg.wandb_project, "wandb"), (cfg.tensorboard, "tensorboard")):
-        need(not wanted or installed(package),
-             f"{'wandb_project' if package == 'wandb' else 'tensorboard'} asks for {package}, "
-             "which is not installed: pip install "
-             f"{package}" + (" (WANDB_MODE=offline logs without a network)" if package == "wandb" else ""))
+    need(not cfg.wandb_project or installed("wandb"),
+         "wandb_project asks for wandb, which is not installed: pip install wandb "
+         "(WANDB_MODE=offline logs without a network)")
+    need(not cfg.tensorboard or installed("tensorboard"),
+         "tensorboard asks for tensorboard, which is not installed: pip install tensorboard")
     need(0 <= cfg.random_reward <= 1,
          f"random_reward must be a probability in [0, 1], got {cfg.random_reward}")
     need(not cfg.random_reward or (cfg.method == "grpo"
@@ -316,19 +313,17 @@ def validate(cfg: TrainConfig):
          f"reward_weights={cfg.reward_weights}")
     need(cfg.overlong_buffer_len < cfg.max_new_tokens,
          f"overlong_buffer_len={cfg.overlong_buffer_len} must be below "
-                                                       f"max_new_tokens={cfg.max_new_tokens}: the "
-                                                       "penalty starts that "
-                                                       "many tokens before the limit")
+         f"max_new_tokens={cfg.max_new_tokens}: the penalty starts that many tokens before the "
+         "limit")
     need(0 <= cfg.overlong_penalty_factor < math.inf,
          f"overlong_penalty_factor must be a finite number >= 0, got "
-                                                      f"{cfg.overlong_penalty_factor}")
+         f"{cfg.overlong_penalty_factor}")
     need(not cfg.dynamic_sampling or (cfg.method == "grpo" and cfg.supervision == "outcome"),
          "dynamic_sampling drops groups whose outcome rewards are all equal, which carry no "
          f"outcome advantage: it needs method='grpo' and supervision='outcome', got {cfg.method!r} "
          f"and {cfg.supervision!r}")
     need(all(isinstance(key, str) for key in cfg.progress_keys),
-         f"progress_keys must be log keys (strings), got "
-                                                                 f"{cfg.progress_keys}")
+         f"progress_keys must be log keys (strings), got {cfg.progress_keys}")
     try:  # each concept owns its allowed values
         grpo.check_settings(cfg)  # the loss's and the advantages' knobs
         model.check_settings(cfg)  # model_args, LoRA, device and dtype
@@ -349,19 +344,23 @@ def load_config(argv: list[str]) -> TrainConfig:
     variables (names starting with "_", modules, functions and classes are ignored); see the module
     docstring. A bad config raises a ValueError (a missing file: FileNotFoundError) that says what
     is wrong."""
-    hints, values = typing.get_type_hints(TrainConfig), {}
+    hints = typing.get_type_hints(TrainConfig)
+    values = {}
     for arg in argv:
         if arg in ("-h", "--help"):
-            raise SystemExit(__doc__ + "\nConfig keys and their defaults:\n" + "\n".join(
-                f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}" for f in dataclasses.fields(TrainConfig)))
+            print(help_text())
+            raise SystemExit(0)
         if arg.startswith("--"):
             key, has_value, text = arg[2:].partition("=")
-            items, source = [(key,
-                              parse_value(text, hints.get(key)) if has_value else True)], "command line"
+            value = parse_value(text, hints.get(key)) if has_value else True
+            items = [(key, value)]
+            source = "command line"
         elif os.path.isfile(arg):
-            items, source = [(k, v) for k,
-                             v in runpy.run_path(arg).items() if not k.startswith("_") and not
-                             isinstance(v, (types.ModuleType, types.FunctionType, type))], arg
+            skipped = (types.ModuleType, types.FunctionType, type)
+            variables = runpy.run_path(arg).items()
+            items = [(k, v) for k, v in variables
+                     if not k.startswith("_") and not isinstance(v, skipped)]
+            source = arg
         else:
             raise FileNotFoundError(f"config file {arg} not found")
         for key, value in items:
@@ -371,6 +370,13 @@ def load_config(argv: list[str]) -> TrainConfig:
                                  + (f"; did you mean {close[0]!r}?" if close else ""))
             values[key] = value
     return TrainConfig(**values)
+
+
+def help_text() -> str:
+    """What `--help` prints: the module docstring, then every key with its default."""
+    keys = [f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}"
+            for f in dataclasses.fields(TrainConfig)]
+    return __doc__ + "\nConfig keys and their defaults:\n" + "\n".join(keys)
 
 
 def parse_value(text: str, hint):

@@ -182,7 +182,9 @@ def download_math(out_dir: str, url: str | None = None, sha256: str | None = Non
     verified against sha256 (default MATH_TRAIN_SHA256), with out_dir/SOURCE_AND_LICENSE.txt; the
     file appears only once complete. Offline, a FileNotFoundError says where to get the file and
     where to put it."""
-    url, sha256, path = url or MATH_TRAIN_URL, sha256 or MATH_TRAIN_SHA256, os.path.join(out_dir, "train.jsonl")
+    url = url or MATH_TRAIN_URL
+    sha256 = sha256 or MATH_TRAIN_SHA256
+    path = os.path.join(out_dir, "train.jsonl")
     try:
         with urllib.request.urlopen(url, timeout=120) as response:
             payload = response.read()
@@ -259,7 +261,8 @@ def download_gsm8k(out_dir: str, url_template: str = GSM8K_URL):
     complete."""
     os.makedirs(out_dir, exist_ok=True)
     for split, expected in GSM8K_SHA256.items():
-        url, path = url_template.format(split=split), os.path.join(out_dir, f"{split}.jsonl")
+        url = url_template.format(split=split)
+        path = os.path.join(out_dir, f"{split}.jsonl")
         with urllib.request.urlopen(url, timeout=60) as response:
             payload = response.read()
         check_sha256(payload, expected, url)
@@ -277,8 +280,8 @@ PEOPLE = (("Tom", "He"), ("Anna", "She"), ("Sam", "He"), ("Mia", "She"), ("Leo",
 THINGS = ("apples", "marbles", "stickers", "coins", "books", "pencils", "cookies", "shells")
 VERBS = {"+": ("buys {} more", "finds {} more", "gets {} more"),
          "-": ("gives away {}", "loses {}", "sells {}")}
-OP_BEFORE_NUMBER = {verb.split("{}")[0].split()[-1]: op for op,
-                    verbs in VERBS.items() for verb in verbs}
+OP_BEFORE_NUMBER = {verb.split("{}")[0].split()[-1]: op
+                    for op, verbs in VERBS.items() for verb in verbs}
 # a chain's operations: drawn freely | all of one kind | additions and subtractions
 MIXES = ("any", "one", "both")
 
@@ -398,7 +401,8 @@ def rework_solution(row: dict, rng: random.Random, check: bool, error_rate: floa
         start, amount = map(int, expression.split(op))  # the row's own lines: never below 0
         # the first line's start; then wherever the last line ended
         total = start if total is None else total
-        expression, right = f"{total}{op}{amount}", total + amount if op == "+" else total - amount
+        expression = f"{total}{op}{amount}"
+        right = total + amount if op == "+" else total - amount
         first = right
         if carry_slip > 0 and carries(total, op, amount) and rng.random() < carry_slip:
             first = right - 10 if op == "+" else right + 10
@@ -488,7 +492,8 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
         warm = [answer_only(row) if coin.random() < direct_share else row for row in warm]
     # a coin per worked solution, then its slips
     if reflect_share > 0 or cue_share > 0 or carry_slip > 0:
-        coin, rows = random.Random(f"{seed}:reflect"), []
+        coin = random.Random(f"{seed}:reflect")
+        rows = []
         for row in warm:
             if has_worked_solution(row):
                 # below cue_share: cued and checked; else checked with probability reflect_share
@@ -501,11 +506,10 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
         warm = rows
     rl = family_problems(rl_size, random.Random(f"{seed}:rl"), warm_chains, rl_ops, rl_mix,
                          max_operand, max_start, restate, "RL")
-    heldout = family_problems(heldout_size, random.Random(f"{seed}:heldout"), warm_chains | {
-        chain_key(row["question"]) for row in rl}, rl_ops, rl_mix, max_operand, max_start, restate,
-                              "held-out")
+    seen_chains = warm_chains | {chain_key(row["question"]) for row in rl}
+    heldout = family_problems(heldout_size, random.Random(f"{seed}:heldout"), seen_chains, rl_ops,
+                              rl_mix, max_operand, max_start, restate, "held-out")
     return warm, [answer_only(row) for row in rl], [answer_only(row) for row in heldout]
-
 
 
 DATASETS = ("gsm8k", "jsonl", "synthetic", "synthetic_split", "math")
@@ -612,8 +616,8 @@ def load_problems(cfg) -> tuple[list[dict], list[dict], list[dict]]:
         warm, problems, heldout = synthetic_split(split_seed, cfg.synthetic_warm_size,
                                                   cfg.synthetic_train_size,
                                                   cfg.synthetic_eval_size, **cfg.synthetic_args)
-        heldout, names = heldout[:cfg.eval_size], ("synthetic_split's RL set",
-                                                   "synthetic_split's held-out set")
+        heldout = heldout[:cfg.eval_size]
+        names = ("synthetic_split's RL set", "synthetic_split's held-out set")
     if not problems:
         raise ValueError(f"{names[0]} is empty: nothing to train on")
     if not heldout and cfg.eval_every > 0:
@@ -654,8 +658,8 @@ def main(argv=None):
                                 help="write synthetic_split's warm.jsonl, rl.jsonl and "
                                 "heldout.jsonl, as train.py builds them with "
                                 "dataset='synthetic_split'")
-    split_defaults = {k: p.default for k,
-                      p in inspect.signature(synthetic_split).parameters.items() if k != "seed"}
+    split_parameters = inspect.signature(synthetic_split).parameters.items()
+    split_defaults = {k: p.default for k, p in split_parameters if k != "seed"}
     split.add_argument("--seed", type=int, default=1337, help="train.py's seed")
     for key, default in split_defaults.items():
         split.add_argument(f"--{key}",

@@ -131,8 +131,9 @@ def verdict(samples, s: int, scoring: Scoring, flags: dict, gold: str, math_veri
     truncated; with math_verify, Math-Verify's verdict too ("correct_math_verify")."""
     text = samples.texts[s]
     response = scoring.template.prefix + text
-    graded = {"correct_math_verify": math_verify(response, gold,
-                                                 scoring.template)} if math_verify else {}
+    graded = {}
+    if math_verify:
+        graded["correct_math_verify"] = math_verify(response, gold, scoring.template)
     return {"completion": text,
             "answer": final_answer(response, scoring.template, scoring.answer_checker),
             "correct": samples.components["correctness"][s] == 1.0, **graded,
@@ -212,14 +213,16 @@ def breakdown(records: list[dict], n: int, key: str) -> dict:
     last as "?")."""
     groups = {}
     for record in records:
-        groups.setdefault(record[key], []).append(pass_at_k(n,
-                                                            sum(s["correct"] for s in record["samples"]), 1))
+        correct = sum(s["correct"] for s in record["samples"])
+        groups.setdefault(record[key], []).append(pass_at_k(n, correct, 1))
     in_order = sorted(groups.items(),
                       key=lambda item: (item[0] is None, item[0] if item[0] is not None else 0))
-    return {"?" if value is None else str(value): dict(zip(("pass@1", "pass@1_stderr"),
-                                                           mean_and_stderr(values)),
-                                                       questions=len(values)) for value,
-            values in in_order}
+    breakdown = {}
+    for value, values in in_order:
+        mean, stderr = mean_and_stderr(values)
+        name = "?" if value is None else str(value)
+        breakdown[name] = {"pass@1": mean, "pass@1_stderr": stderr, "questions": len(values)}
+    return breakdown
 
 
 def breakdown_lines(summary: dict) -> list[str]:
@@ -258,7 +261,8 @@ def held_out_eval(run, cfg, tracker) -> float:
     """train.py's evaluation: greedy pass@1 on run.heldout, written to out_dir/eval_NNNNN.jsonl and
     logged to eval.jsonl (tracker); under torchrun each rank scores a slice and all see every
     record."""
-    n, world = len(run.heldout), world_size()
+    n = len(run.heldout)
+    world = world_size()
     mine = run.heldout[rank() * n // world:(rank() + 1) * n // world]
     greedy = dataclasses.replace(run.sampling, temperature=0.0)
     # the rules alone: correctness and format

@@ -303,7 +303,8 @@ def update(policy, optimizer, batches: list[MicroBatch], cfg, lr: float, autocas
     """cfg.mu optimizer steps on the GRPO loss of the step's micro-batches; returns the update's
     stats, each the mean over the mu steps (loss, kl, clip fractions, ratio, entropy, grad_norm),
     and GAP_STATS from the first. ddp: the wrapper the loss runs through under torchrun."""
-    stats, gap = {}, {}
+    stats = {}
+    gap = {}
     for epoch_index in range(cfg.mu):
         epoch = policy_gradient(ddp or policy, batches, cfg, autocast, measure_gap=epoch_index == 0)
         gap.update({key: epoch.pop(key) for key in GAP_STATS if key in epoch})
@@ -323,7 +324,8 @@ def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast,
     token. measure_gap: also GAP_STATS, how far the trainer's log-probs of the sampled tokens lie
     from the sampler's (sampler_gap)."""
     n_seq, n_tok = batch_sizes(batches)
-    totals, gap_max = {}, torch.zeros((), device=n_tok.device)
+    totals = {}
+    gap_max = torch.zeros((), device=n_tok.device)
     for i, batch in enumerate(batches):
         with accumulating(policy, last=i == len(batches) - 1):  # DDP syncs in the last backward
             with autocast:
@@ -340,7 +342,8 @@ def policy_gradient(policy, batches: list[MicroBatch], cfg, autocast,
             (loss * world_size()).backward()
         if measure_gap:
             gap, batch_max = sampler_gap(logp, batch, n_tok)
-            stats, gap_max = {**stats, **gap}, torch.maximum(gap_max, batch_max)
+            stats = {**stats, **gap}
+            gap_max = torch.maximum(gap_max, batch_max)
         for key, value in {"loss": loss.detach(), "entropy": entropy / n_tok, **stats}.items():
             totals[key] = totals.get(key, 0) + value
     sums = summed_over_ranks(torch.stack(list(totals.values())))

@@ -752,8 +752,8 @@ def _word_text(tokens):
 def _choice(tokens):
     """The letter of a multiple-choice answer: one capital letter, in parentheses or not, in
     \\text{} or not."""
-    compact = "".join("".join(value.split()) for kind,
-                      value in tokens if kind in ("word", "text", "sym"))
+    compact = "".join("".join(value.split())
+                      for kind, value in tokens if kind in ("word", "text", "sym"))
     if len(compact) == 3 and compact[0] == "(" and compact[2] == ")":
         compact = compact[1]
     kinds_ok = all(kind in ("word", "text") or value in "()" for kind, value in tokens)
@@ -777,8 +777,8 @@ def _read(tokens):
     if letter is not None:
         return Choice(letter)
     words = _word_text(tokens)
-    if words and any(kind == "text" or (len(value) >= 3 and value not in WORD_COMMANDS) for kind,
-                     value in tokens):
+    if words and any(kind == "text" or (len(value) >= 3 and value not in WORD_COMMANDS)
+                     for kind, value in tokens):
         return Text(words)
     try:
         return _Parser(tokens).answer()
@@ -1114,8 +1114,8 @@ def _same(pred, gold):
                 and all(_same(p, g) for p, g in zip(pred.items, gold.items)))
     if isinstance(gold, Matrix):
         return (len(pred.rows) == len(gold.rows) and len(pred.rows[0]) == len(gold.rows[0])
-                and all(_same_value(p, g) for pr, gr in zip(pred.rows, gold.rows) for p,
-                        g in zip(pr, gr)))
+                and all(_same_value(p, g)
+                        for pr, gr in zip(pred.rows, gold.rows) for p, g in zip(pr, gr)))
     return pred == gold  # Text, Choice
 
 

@@ -210,7 +210,9 @@ class KVCache:
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.layer, self.n_heads, self.n_kv_heads = layer, config.n_heads, config.n_kv_heads
+        self.layer = layer
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
         self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim,
@@ -320,8 +322,8 @@ class LoRALinear(nn.Module):
                 raise RuntimeError("LoRA weights are merged (a snapshot for sampling): "
                                    "unmerge_lora() before training")
             return F.linear(x, self.merged_weight, self.bias)
-        return F.linear(x, self.weight, self.bias) + self.scale * F.linear(F.linear(self.dropout(x), self.lora_A),
-                                                                           self.lora_B)
+        low_rank = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
+        return F.linear(x, self.weight, self.bias) + self.scale * low_rank
 
 
 class Transformer(nn.Module):
@@ -443,8 +445,8 @@ class Transformer(nn.Module):
         """This model's weights as a plain (LoRA-free) Transformer's state_dict, each adapter folded
         into its weight; the live model is not changed (folded weights are new tensors, the others
         are shared)."""
-        state = {name: t for name,
-                 t in self.state_dict().items() if not name.rsplit(".", 1)[-1].startswith("lora_")}
+        state = {name: t for name, t in self.state_dict().items()
+                 if not name.rsplit(".", 1)[-1].startswith("lora_")}
         for name, module in self.named_modules():
             if isinstance(module, LoRALinear):
                 state[name + ".weight"] = module.weight + module.delta()

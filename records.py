@@ -57,8 +57,8 @@ def reward_metrics(samples: Samples, cfg, template) -> dict:
         if name not in cfg.reward_weights and name not in ("correctness", "format"):
             means[f"reward_{name}"] = statistics.fmean(values)
     if samples.claims:
-        means["process_reward"] = statistics.fmean(r for claims in samples.claims for _,
-                                                   r in claims)
+        means["process_reward"] = statistics.fmean(r for claims in samples.claims
+                                                   for _, r in claims)
     return means
 
 
@@ -66,8 +66,8 @@ def accuracy_metrics(samples: Samples, cfg, template) -> dict:
     """The share of correct completions, and of each completion flag (completion_flags) as
     <name>_rate."""
     flags = completion_flags(template, cfg.reflection_markers)
-    rates = {f"{name}_rate": statistics.fmean(map(flag, samples.texts)) for name,
-             flag in flags.items()}
+    rates = {f"{name}_rate": statistics.fmean(map(flag, samples.texts))
+             for name, flag in flags.items()}
     return {"accuracy": statistics.fmean(samples.components["correctness"]), **rates}
 
 
@@ -108,8 +108,8 @@ def step_record(step: int, samples: Samples | None, stats: dict, cfg, template) 
             record.update(metric(samples, cfg, template))
         record.update(samples.stats)
     record.update(stats)
-    return {key: None if isinstance(value, float) and math.isnan(value) else value for key,
-            value in record.items()}
+    return {key: None if isinstance(value, float) and math.isnan(value) else value
+            for key, value in record.items()}
 
 
 def progress(record: dict, keys: tuple) -> dict:
@@ -145,7 +145,9 @@ class Tracker:
         (they are about to be redone); wandb keeps them and ignores the redone steps, so after a
         crash between checkpoints its curves show the abandoned attempt there (log.jsonl, eval.jsonl
         and TensorBoard show the redone steps)."""
-        self.out_dir, self.wandb, self.tensorboard = cfg.out_dir, None, None
+        self.out_dir = cfg.out_dir
+        self.wandb = None
+        self.tensorboard = None
         if rank() != 0:
             return
         if cfg.wandb_project:
@@ -166,8 +168,8 @@ class Tracker:
         with open(os.path.join(self.out_dir, file), "a") as f:
             f.write(json.dumps(record) + "\n")
         prefix = "eval/" if file == "eval.jsonl" else "train/"
-        numbers_only = {prefix + k: v for k,
-                        v in record.items() if k != "step" and isinstance(v, numbers.Real)}
+        numbers_only = {prefix + k: v for k, v in record.items()
+                        if k != "step" and isinstance(v, numbers.Real)}
         if self.wandb is not None:
             self.wandb.log(numbers_only, step=record["step"])
         if self.tensorboard is not None:

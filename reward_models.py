@@ -69,8 +69,8 @@ class RewardModel:
     def __init__(self, name: str, label: str | None, device, dtype, batch_size: int):
         # only reward-model runs need them
         from transformers import AutoConfig, AutoModelForSequenceClassification
-        labels = {label_name: index for index,
-                  label_name in AutoConfig.from_pretrained(name).id2label.items()}
+        id2label = AutoConfig.from_pretrained(name).id2label
+        labels = {label_name: index for index, label_name in id2label.items()}
         if label is None and len(labels) != 1:
             raise ValueError(f"reward model {name} has {len(labels)} outputs {sorted(labels)}: "
                              f"name the one to use as 'model:{name}:LABEL'")
@@ -83,7 +83,9 @@ class RewardModel:
         self.model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device).eval()
         # the head reads the last non-pad token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.column, self.device, self.batch_size = labels[label] if label else 0, device, batch_size
+        self.column = labels[label] if label else 0
+        self.device = device
+        self.batch_size = batch_size
 
     def _encode(self, questions, completions):
         if self.tokenizer.chat_template:
@@ -128,11 +130,13 @@ class Judge:
                  max_new_tokens: int = JUDGE_MAX_NEW_TOKENS):
         self.model = Transformer.from_pretrained(name, dtype=dtype, device=device).eval()
         self.tokenizer = load_tokenizer(name)
-        self.rubric, self.max_new_tokens, self.batch_size = rubric, max_new_tokens, batch_size
+        self.rubric = rubric
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
 
     def prompt(self, question: str, completion: str) -> list[int]:
-        text, chat = self.rubric.format(question=question,
-                                        completion=completion), self.tokenizer.chat_template
+        text = self.rubric.format(question=question, completion=completion)
+        chat = self.tokenizer.chat_template
         if chat:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                       tokenize=False, add_generation_prompt=True)

@@ -124,13 +124,19 @@ def _reward_values(name, function, completions, golds, info, available):
             values = function(list(completions), list(golds), list(info["questions"]),
                               **{key: info[key] for key in wanted})
         except Exception as error:  # find the completion it fails on, to name it
-            culprit = next((c for i,
-                            (c, g, q) in enumerate(zip(completions, golds, info["questions"]))
-                            if _raises_alone(function, c, g, q,
-                                             {k: _row(info, i, True)[k] for k in wanted})), None)
-            where = f"on completion {_shown(culprit)}" if culprit is not None else \
-                f"on a batch of {len(completions)} completions (none fails alone; the first: {_shown(completions[0])})"
-            raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} {where}") from error
+            culprit = None
+            for i, (c, g, q) in enumerate(zip(completions, golds, info["questions"])):
+                row = {k: _row(info, i, True)[k] for k in wanted}
+                if _raises_alone(function, c, g, q, row):
+                    culprit = c
+                    break
+            if culprit is not None:
+                where = f"on completion {_shown(culprit)}"
+            else:
+                where = (f"on a batch of {len(completions)} completions (none fails alone; "
+                         f"the first: {_shown(completions[0])})")
+            raise RuntimeError(f"reward {name!r} raised {type(error).__name__}: {error} "
+                               f"{where}") from error
         if not hasattr(values, "__len__") or len(values) != len(completions):
             raise RuntimeError(f"reward {name!r} returned {values!r:.80} for {len(completions)} "
                                f"completions (the first: {_shown(completions[0])}): a batched "
@@ -147,10 +153,8 @@ def _reward_values(name, function, completions, golds, info, available):
     for value, completion in zip(values, completions):
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise RuntimeError(f"reward {name!r} returned {value!r} for completion "
-                               f"{_shown(completion)}: a reward "
-                               "must be a finite number")
+                               f"{_shown(completion)}: a reward must be a finite number")
     return [float(value) for value in values]
-
 
 
 def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens, template,
@@ -273,7 +277,6 @@ def check_reward_names(names) -> None:
     if clashes:
         raise ValueError(f"reward_weights keys {sorted(names)} would share the log name(s) "
                          f"{clashes}")
-
 
 
 def check_settings(cfg):
@@ -427,7 +430,9 @@ def arithmetic_claims(text: str) -> list[tuple[int, bool]]:
     longer than MAX_CLAIM_TOKENS. A division by zero makes a claim wrong. Time is linear in the
     text.
     """
-    claims, previous, equals = [], -1, text.find("=")
+    claims = []
+    previous = -1
+    equals = text.find("=")
     # each side is read up to the neighbouring "=" or the line's end: linear in the text
     while equals >= 0:
         following = text.find("=", equals + 1)

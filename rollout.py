@@ -33,7 +33,10 @@ class QuestionStream:
     would."""
 
     def __init__(self, n: int, seed: int):
-        self.n, self.rng, self.order, self.cursor = n, random.Random(seed), [], 0
+        self.n = n
+        self.rng = random.Random(seed)
+        self.order = []
+        self.cursor = 0
 
     def next(self, k: int) -> list[int]:
         picked = []
@@ -178,7 +181,8 @@ def dynamic_groups(run, cfg, step: int) -> Samples:
     kept; at the cap the batch is filled up with dropped groups, as plain GRPO would train on them.
     Draw d samples with rollout_seed(seed, step * world_size + rank, d); each rank fills its own
     share, and the ranks draw until all are full."""
-    share, G = cfg.prompts_per_step // world_size(), cfg.group_size
+    share = cfg.prompts_per_step // world_size()
+    G = cfg.group_size
     kept, dropped, drawn = [], [], []
     for draw in range(cfg.max_num_gen_batches):
         picked = run.stream.next(cfg.prompts_per_step)[rank() * share:(rank() + 1) * share]

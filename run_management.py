@@ -222,7 +222,9 @@ def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_
     if config is None:
         return
     parts = memory_bytes(config, cfg, prompt_len)
-    need, params, estimate = memory_need(parts), parts["fp32 weights"] // 4, memory_estimate(parts)
+    need = memory_need(parts)
+    params = parts["fp32 weights"] // 4
+    estimate = memory_estimate(parts)
     if device.type == "cpu" and cfg.device == "auto" and params >= CPU_PARAMS:
         raise RuntimeError(
             f"{cfg.model} ({params / 1e9:.2f}B parameters) is sized for a GPU: a step needs "
@@ -282,7 +284,10 @@ class RunLock:
     out_dir itself is checked (check_out_dir_path; model: the run's model)."""
 
     def __init__(self, out_dir: str, model: str = ""):
-        self.out_dir, self.path, self.file, self.created = out_dir, os.path.join(out_dir, LOCK_FILE), None, False
+        self.out_dir = out_dir
+        self.path = os.path.join(out_dir, LOCK_FILE)
+        self.file = None
+        self.created = False
         self.model = model
 
     def __enter__(self):
@@ -479,7 +484,8 @@ class StopRequest:
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __enter__(self):
-        self.requested, self.previous = False, {}
+        self.requested = False
+        self.previous = {}
         # signals can only be caught there
         if threading.current_thread() is threading.main_thread():
             self.previous = {signum: signal.signal(signum, self._handler) for signum in self.SIGNALS}
@@ -533,7 +539,8 @@ def saved_on_failure(run, cfg, step: int, path: str):
     the weights are still its (no optimizer update of the failed step had begun), with the question
     order put back to where that step left it, so that --resume redoes the failed step; the error
     then says what was saved."""
-    stream_state, updates = run.stream.state_dict(), optimizer_updates(run.optimizer)
+    stream_state = run.stream.state_dict()
+    updates = optimizer_updates(run.optimizer)
     try:
         yield
     except Exception as error:

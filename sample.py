@@ -39,7 +39,8 @@ CHECK_EVERY = 16  # decode steps between host syncs (all rows stopped? compact t
 PREFILL_TOKENS = 2 ** 17
 FAST_PATH_DEVICES = ("cuda",)  # where CUDA graphs and the Triton kernel are tried
 # the fast paths, by the names fall_back says
-GRAPHS, FUSED = "CUDA graphs", "the fused Triton sampling kernel"
+GRAPHS = "CUDA graphs"
+FUSED = "the fused Triton sampling kernel"
 # each fast path's config key (and generate argument)
 SWITCHES = {GRAPHS: "cuda_graphs", FUSED: "fused_sampling"}
 # fast path -> the line fall_back said: the paths that failed in this process, off from then on
@@ -223,10 +224,16 @@ class _Decoder:
 
     def __init__(self, model, cache, key_mask, positions, tokens, logprobs, sampling, stop, pad_id,
                  generator, first_slot):
-        self.model, self.cache, self.key_mask, self.pos = model, cache, key_mask, positions
+        self.model = model
+        self.cache = cache
+        self.key_mask = key_mask
+        self.pos = positions
         self.tokens, self.logprobs = tokens, logprobs  # [B, max_new] outputs, indexed by self.rows
-        self.sampling, self.pad_id, self.generator = sampling, pad_id, generator
-        self.stop, self.stop_pad = stop, stop < 0  # [S, L] stop sequences, right-aligned; -1 pads
+        self.sampling = sampling
+        self.pad_id = pad_id
+        self.generator = generator
+        self.stop = stop  # [S, L] stop sequences, right-aligned; -1 pads
+        self.stop_pad = stop < 0
         self.rows = torch.arange(len(positions), device=positions.device)
         self.last = torch.full_like(self.rows, pad_id)  # each row's latest token, fed next step
         # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop sequence

@@ -77,7 +77,9 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
     goes on with the very steps an unstopped one takes. Returns the steps done: fewer than sft_steps
     when stopped."""
     optimizer = configure_optimizer(model, cfg.sft_lr, cfg.weight_decay, cfg.adam_betas)
-    rng, first, path = random.Random(cfg.seed), 1, os.path.join(cfg.out_dir, "ckpt.pt")
+    rng = random.Random(cfg.seed)
+    first = 1
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         first = state["warm_step"] + 1
@@ -90,7 +92,8 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
         for step in (bar := tqdm(range(first, cfg.sft_steps + 1), initial=first - 1,
                                  total=cfg.sft_steps, desc="sft",
                                  dynamic_ncols=True, disable=rank() != 0)):
-            before, updates = rng.getstate(), optimizer_updates(optimizer)
+            before = rng.getstate()
+            updates = optimizer_updates(optimizer)
             try:
                 picked = rng.sample(range(len(prompts)), min(cfg.sft_batch_size, len(prompts)))
                 loss = sft_loss_backward(model, [prompts[i] for i in picked],

@@ -1,34 +1,38 @@
 # The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (7 minutes on 2 cores).
-#   python train.py configs/demo_aha.py          # the warm start, then 100 GRPO steps; curves in out/demo_aha
+#   python train.py configs/demo_aha.py    # the warm start, then 100 GRPO steps; out/demo_aha
 #
-# configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the warm start
-# (data.rework_solution): its quick arithmetic drops the carry or borrow of a line that has one ("17+5=12"), and a
-# re-check by counting finds it ("17+5=12 wait, 12 is wrong: 17+5=18+4=19+3=20+2=21+1=22"). Half of the warm
-# start's questions are asked with "Check each step." and answered with a re-check on every line; of the others,
-# asked as the RL and held-out questions are, 5% re-check unprompted and the rest keep their slips (and the
-# answer the slips lead to). So after the warm start the model re-checks rarely (reflect_rate 0.01-0.08 at T=1 on
-# held-out questions), and a re-checked answer is right far more often than a quick one: GRPO on the final answer
-# alone then makes re-checking the common behaviour (in 5 of 6 runs; the step varies), and held-out pass@1 and the
-# response length rise with it. What it shows beside baselines and controls over several warm starts:
-# docs/experiments.md (python docs/aha_table.py).
+# configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
+# warm start (data.rework_solution): its quick arithmetic drops the carry or borrow of a line that
+# has one ("17+5=12"), and a re-check by counting finds it ("17+5=12 wait, 12 is wrong:
+# 17+5=18+4=19+3=20+2=21+1=22"). Half of the warm start's questions are asked with "Check each
+# step." and answered with a re-check on every line; of the others, asked as the RL and held-out
+# questions are, 5% re-check unprompted and the rest keep their slips (and the answer the slips lead
+# to). So after the warm start the model re-checks rarely (reflect_rate 0.01-0.08 at T=1 on held-out
+# questions), and a re-checked answer is right far more often than a quick one: GRPO on the final
+# answer alone then makes re-checking the common behaviour (in 5 of 6 runs; the step varies), and
+# held-out pass@1 and the response length rise with it. What it shows beside baselines and controls
+# over several warm starts: docs/experiments.md (python docs/aha_table.py).
 #   python eval.py --model out/demo_aha/ckpt.pt --data out/demo_aha/heldout.jsonl --n 8
-# splits the accuracy of reflective and other completions at T=1 (reflect_rate, accuracy_reflect, accuracy_unreflect).
+# splits the accuracy of reflective and other completions at T=1 (reflect_rate, accuracy_reflect,
+# accuracy_unreflect).
 model = "scratch"
-model_args = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176, max_seq_len=416,
-                  rope_theta=10000.0)  # a cued question (~170 characters) and a re-checked answer (<= 256)
+# max_seq_len: a cued question (~170 characters) and a re-checked answer (<= 256)
+model_args = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176,
+                  max_seq_len=416, rope_theta=10000.0)
 tokenizer = "char"
 template = "plain"
 dataset = "synthetic_split"
 synthetic_warm_size = 10000
 synthetic_train_size = 5000
 synthetic_eval_size = 200
-# direct_share 0: every warm solution is worked (demo.py's answer-only rows would make a second behaviour for RL to
-# select); carry_slip 1: every quick line with a carry slips; rl_mix "one": an RL chain only adds or only takes
-# away, so its slips (-10 for a dropped carry, +10 for a dropped borrow) never cancel and a quick answer to a
-# problem with a carry is always wrong (with "any" they cancelled often enough that re-checking paid too little)
-synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "one", "max_operand": 5,
-                  "max_start": 20, "restate": True, "direct_share": 0.0, "cue_share": 0.5, "reflect_share": 0.05,
-                  "reflect_error": 0.0, "carry_slip": 1.0}
+# direct_share 0: every warm solution is worked (demo.py's answer-only rows would make a second
+# behaviour for RL to select); carry_slip 1: every quick line with a carry slips; rl_mix "one": an
+# RL chain only adds or only takes away, so its slips (-10 for a dropped carry, +10 for a dropped
+# borrow) never cancel and a quick answer to a problem with a carry is always wrong (with "any" they
+# cancelled often enough that re-checking paid too little)
+synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "one",
+                  "max_operand": 5, "max_start": 20, "restate": True, "direct_share": 0.0,
+                  "cue_share": 0.5, "reflect_share": 0.05, "reflect_error": 0.0, "carry_slip": 1.0}
 eval_size = 200
 
 method = "grpo"
