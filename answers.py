@@ -66,19 +66,21 @@ LATEX_NOISE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\ ", "\\$", "$", "\\(
 # purpose: "72 more apples" and "72 times" answer GSM8K's "how many more" and "how many times"
 # questions.
 VALUE_WORDS = frozenset("""
-    or nor plus minus squared cubed divided multiplied least most max maximum minimum above below upwards
-    approximately approx roughly circa ish odd maybe perhaps probably possibly likely not never if unless
-    wrong incorrect half thousand thousands million millions billion billions trillion trillions hundred
-    hundreds grand lakh crore zero one two three four five six seven eight nine ten eleven twelve thirteen
-    fourteen fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
+    or nor plus minus squared cubed divided multiplied least most max maximum minimum above below
+    upwards approximately approx roughly circa ish odd maybe perhaps probably possibly likely not
+    never if unless wrong incorrect half thousand thousands million millions billion billions
+    trillion trillions hundred hundreds grand lakh crore zero one two three four five six seven
+    eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen
+    twenty thirty forty fifty sixty seventy eighty ninety
 """.split())
 # matched with case: "72 m" is metres
 MAGNITUDE_SYMBOLS = frozenset(("k", "K", "M", "B", "bn", "mn"))
 # Words that bound or hedge a number they precede in a sentence ("more than 72", "up to 72", "about
 # 72").
 BOUND_WORDS = VALUE_WORDS | frozenset("""
-    more less fewer than over under up about around nearly almost between either no twice double triple thrice
-    times guess estimate estimated suppose assume sim simeq le leq ge geq ne neq lt gt pm
+    more less fewer than over under up about around nearly almost between either no twice double
+    triple thrice times guess estimate estimated suppose assume sim simeq le leq ge geq ne neq lt gt
+    pm
 """.split())
 
 # -----------------------------------------------------------------------------
@@ -410,7 +412,8 @@ def parse_number(text: str) -> Fraction | None:
     """
     if len(text) > MAX_ANSWER_CHARS:
         return None
-    text = _strip_emphasis(text).replace("{,}", ",").replace("\\,", ",").replace("\\%", " ").replace("%", " ")
+    text = (_strip_emphasis(text).replace("{,}", ",").replace("\\,", ",")
+            .replace("\\%", " ").replace("%", " "))
     text = _unwrap_parentheses(_frac_to_slash(_strip_latex(text)).strip().rstrip(".")).strip()
     negative = text.startswith("-")
     tokens = (text[1:] if text[:1] in ("+", "-") else text).split()
@@ -460,7 +463,7 @@ class AnswerChecker(NamedTuple):
     equiv: Callable[[str | None, str], bool]  # (pred, gold) -> bool
 
 
-# the config key answer_checker names one: "gsm8k" (numbers, rewards.is_equiv) or "math" (MATH's
+# the config key answer_checker names one: "gsm8k" (numbers, answers.is_equiv) or "math" (MATH's
 # LaTeX answers, math_answers.is_equiv_math: x = 11 is 11, \dfrac{\pi}{2} is \frac{\pi}{2}); a MATH
 # run must say "math"
 ANSWER_CHECKERS = MappingProxyType({"gsm8k": AnswerChecker(DEFAULT_FORMS, is_equiv),

@@ -100,8 +100,9 @@ def write_checkpoint(state: dict, path: str, what: str):
 def checkpoint_bytes(state: dict) -> int:
     """About how many bytes torch.save writes for state: its tensors, plus under 200 bytes a tensor
     of zip records (measured) and some KB of pickled config and data order."""
-    tensors = [t for part in (state["model"], state.get("reference") or {}) for t in part.values()] + \
-        [t for s in state.get("optimizer", {"state": {}})["state"].values() for t in s.values()]
+    tensors = ([t for part in (state["model"], state.get("reference") or {}) for t in part.values()]
+               + [t for s in state.get("optimizer", {"state": {}})["state"].values()
+                  for t in s.values()])
     return sum(t.numel() * t.element_size() for t in tensors) + 4096 * len(tensors) + 2**20
 
 
@@ -135,7 +136,8 @@ def read_checkpoint(path: str, mmap: bool = False) -> dict:
         # torch raises EOFError, UnpicklingError, RuntimeError... for damaged files
         raise ValueError(f"checkpoint {path} cannot be read ({type(error).__name__}: {error}); it "
                          "is damaged or not a train.py checkpoint") from None
-    missing = {"model", "model_config", "config", "step"} - (set(state) if isinstance(state, dict) else set())
+    missing = ({"model", "model_config", "config", "step"}
+               - (set(state) if isinstance(state, dict) else set()))
     if missing:
         raise ValueError(f"checkpoint {path} is not a train.py checkpoint: it lacks "
                          f"{sorted(missing)}")
@@ -164,7 +166,8 @@ def load_init_weights(policy: Transformer, path: str, warm: list[dict], check_wa
     state = read_checkpoint(path)
     theirs = state["model_config"]
     ours = dataclasses.asdict(policy.config)
-    differ = [f"{key} {theirs.get(key)!r} (this run: {ours[key]!r})" for key in ours if theirs.get(key) != ours[key]]
+    differ = [f"{key} {theirs.get(key)!r} (this run: {ours[key]!r})" for key in ours
+              if theirs.get(key) != ours[key]]
     if differ:
         raise ValueError(f"init_from={path} holds a model of another shape: {', '.join(differ)}")
     if state["config"].get("lora_rank", 0) > 0:

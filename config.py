@@ -1,7 +1,7 @@
 """
 The training config: one typed dataclass, every value checked when it loads, before any work.
 
-    python train.py configs/demo.py --lr=1e-3 --beta=0     # a config file, then --key=value overrides
+    python train.py configs/demo.py --lr=1e-3 --beta=0  # a config file, then --key=value overrides
 
 A config file is plain Python assigning some of TrainConfig's fields (nanoGPT style); several files
 load in order, each overriding the last. On the command line a value is a Python literal, or plain
@@ -38,7 +38,7 @@ class TrainConfig:
     model_args: dict = field(default_factory=dict)
     # a GGUF file inside `model` (a local dir or hub repo) to load the weights and tokenizer from
     gguf_file: str = ""
-    tokenizer: str = ""  # "" = the model's own; "char" = data.CharTokenizer
+    tokenizer: str = ""  # "" = the model's own; "char" = template.CharTokenizer
     # the prompt and the tags the completion writes: a template.TEMPLATES name ("r1_zero", "plain",
     # "chat": the tokenizer's chat template) or a dict of template.Template's fields, e.g.
     # {"think": ("<reasoning>", "</reasoning>"), "answer": ("<final>", "</final>")}; kept as the

@@ -4,10 +4,10 @@ MATH-format ones (MATH-500, and MATH's training set downloaded once and verified
 GSM8K-format word problems for the offline demos; load_problems returns the sets a config names.
 (Their prompt and tokens: template.py.)
 
-    python data.py gsm8k --out data/gsm8k                                # download + verify train/test.jsonl
-    python data.py math --out data/math                                  # MATH's training set, sha256-verified
+    python data.py gsm8k --out data/gsm8k  # download + verify train/test.jsonl
+    python data.py math --out data/math    # MATH's training set, sha256-verified
     python data.py synthetic --n 200 --max-operand 9 --out data/synthetic/test.jsonl
-    python data.py synthetic_split --seed 1337 --out data/demo           # the three sets of synthetic_split
+    python data.py synthetic_split --seed 1337 --out data/demo  # the three sets of synthetic_split
 
 Every problem row is a dict {"question", "solution", "gold"}: the solution is a worked answer whose
 last line is "#### N", and gold is that N as a string; an answer-only row (synthetic_split's RL and
@@ -88,8 +88,9 @@ def load_gsm8k(data_dir: str, split: str, dataset: str = "gsm8k") -> list[dict]:
     path = os.path.join(data_dir, f"{split}.jsonl")
     if not os.path.isfile(path):
         how = f"for GSM8K: `python data.py gsm8k --out {data_dir}`" if dataset == "gsm8k" else \
-            "dataset='jsonl' reads data_dir/{train_split}.jsonl and data_dir/{eval_split}.jsonl, one JSON object a " \
-            "line: {\"question\": ..., \"answer\": worked solution ending in a line '#### N'}"
+            "dataset='jsonl' reads data_dir/{train_split}.jsonl and data_dir/{eval_split}.jsonl, " \
+            "one JSON object a line: {\"question\": ..., \"answer\": worked solution ending in a " \
+            "line '#### N'}"
         raise FileNotFoundError(f"{path} not found ({how})")
     return load_gsm8k_file(path)
 
@@ -114,13 +115,14 @@ MATH_TRAIN_URL = ("https://github.com/openai/prm800k/raw/7ecc794703b2877f63226f2
                   "prm800k/math_splits/train.jsonl")
 MATH_TRAIN_SHA256 = "90d96daeac3fe343ebb1e22ce93dd99690f75983e957f88de42f87cffe1e8076"
 MATH_TRAIN_BYTES = 10_896_985
-MATH_SOURCE = f"""MATH training problems: the train split of PRM800K's MATH splits (Lightman et al., 2023, "Let's Verify
-Step by Step", arXiv:2305.20050), the 12,000 problems of MATH (Hendrycks et al., 2021, arXiv:2103.03874) that are
-not in MATH-500 (data/math500).
+MATH_SOURCE = f"""MATH training problems: the train split of PRM800K's MATH splits
+(Lightman et al., 2023, "Let's Verify Step by Step", arXiv:2305.20050), the 12,000 problems of MATH
+(Hendrycks et al., 2021, arXiv:2103.03874) that are not in MATH-500 (data/math500).
   train.jsonl <- {MATH_TRAIN_URL}
   ({MATH_TRAIN_BYTES} bytes, sha256 {MATH_TRAIN_SHA256}, the Git LFS pointer's oid)
-Written by `python data.py math` (data.download_math). Licences: MIT, Copyright (c) 2023 OpenAI (openai/prm800k) and
-MIT, Copyright (c) 2021 Dan Hendrycks (MATH); their full texts are in data/math500/SOURCE_AND_LICENSE.txt.
+Written by `python data.py math` (data.download_math). Licences: MIT, Copyright (c) 2023 OpenAI
+(openai/prm800k) and MIT, Copyright (c) 2021 Dan Hendrycks (MATH); their full texts are in
+data/math500/SOURCE_AND_LICENSE.txt.
 """
 
 
@@ -242,7 +244,9 @@ def load_math_train(data_dir: str, split: str, levels: tuple, heldout: list[dict
     print(f"MATH training set {path}: {len(kept)} of {len(raw)} problems (levels "
           f"{', '.join(map(str, levels))}; "
           f"{len(at_levels) - len(kept)} dropped as held-out problems"
-          + (f"; {len(raw) - len(rows)} without a gold answer left out" if len(raw) > len(rows) else "") + ")",
+          + (f"; {len(raw) - len(rows)} without a gold answer left out"
+             if len(raw) > len(rows) else "")
+          + ")",
           file=sys.stderr)
     return kept
 
@@ -303,7 +307,8 @@ def synthetic_problem(rng: random.Random, min_ops: int, max_ops: int, max_operan
         lines.append(f"{clauses[-1] + ': ' if restate else ''}{total}{op}{amount}={new_total}")
         total = new_total
     actions = clauses[-1] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
-    question = f"{name} has {start} {thing}. {pronoun} {actions}. How many {thing} does {name} have?"
+    question = (f"{name} has {start} {thing}. {pronoun} {actions}. "
+                f"How many {thing} does {name} have?")
     return {"question": question, "solution": "\n".join(lines + [f"#### {total}"]),
             "gold": str(total)}
 
@@ -421,7 +426,8 @@ def rework_solution(row: dict, rng: random.Random, check: bool, error_rate: floa
 
 def has_worked_solution(row: dict) -> bool:
     """True if the solution holds more than its final "#### N" line."""
-    return any(line.strip() and not line.lstrip().startswith("####") for line in row["solution"].splitlines())
+    return any(line.strip() and not line.lstrip().startswith("####")
+               for line in row["solution"].splitlines())
 
 
 def family_problems(n: int, rng: random.Random, exclude: set[str], ops: tuple, mix: str,

@@ -4,7 +4,8 @@ unbiased pass@k.
 
     python eval.py --model Qwen/Qwen2.5-0.5B --data data/gsm8k/test.jsonl
     python eval.py --model out/demo/ckpt.pt --data out/demo/heldout.jsonl --n 8 --k 1,4,8
-    python eval.py --model out/math/ckpt.pt --data data/math500/test.jsonl      # MATH-500, by subject and level
+    # MATH-500, by subject and level
+    python eval.py --model out/math/ckpt.pt --data data/math500/test.jsonl
 
 --model takes a Hugging Face name or directory, or a train.py checkpoint (.pt: its saved config
 gives the model shape, tokenizer, template and max_new_tokens; train.py writes the run's held-out
@@ -177,20 +178,23 @@ def summarize(records: list[dict], n: int, ks: tuple[int, ...], temperature: flo
     flags = [name for name in completion_flags(template=None) if all(name in s for s in flat)]
     pass1, pass1_stderr = pass_at_1(records, n, "correct")
     return {"pass@1": pass1, "pass@1_stderr": pass1_stderr,
-            **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(records) for k in ks if 1 < k <= n},
+            **{f"pass@{k}": sum(pass_at_k(n, c, k) for c in correct) / len(records)
+               for k in ks if 1 < k <= n},
             "format_rate": sum(s["format"] for s in flat) / len(flat),
             **{key: value for name in flags for key, value in flag_summary(flat, name).items()},
             "response_length": sum(s["length"] for s in flat) / len(flat),
             "truncation_rate": sum(s["truncated"] for s in flat) / len(flat),
             "questions": len(records), "n": n, "temperature": temperature,
-            **{f"by_{key}": breakdown(records, n, key) for key in BREAKDOWNS if all(key in r for r in records)},
+            **{f"by_{key}": breakdown(records, n, key)
+               for key in BREAKDOWNS if all(key in r for r in records)},
             **(grader_summary(records, n) if all("correct_math_verify" in s for s in flat) else {})}
 
 
 def pass_at_1(records: list[dict], n: int, verdict: str) -> tuple[float, float]:
     """pass@1 over questions and its standard error, by each sample's verdict ("correct",
     "correct_math_verify")."""
-    return mean_and_stderr([pass_at_k(n, sum(s[verdict] for s in r["samples"]), 1) for r in records])
+    return mean_and_stderr([pass_at_k(n, sum(s[verdict] for s in r["samples"]), 1)
+                            for r in records])
 
 
 def grader_summary(records: list[dict], n: int) -> dict:
@@ -199,7 +203,8 @@ def grader_summary(records: list[dict], n: int) -> dict:
     flat = [s for r in records for s in r["samples"]]
     pass1, stderr = pass_at_1(records, n, "correct_math_verify")
     return {"pass@1_math_verify": pass1, "pass@1_math_verify_stderr": stderr,
-            "graders_agree": sum(s["correct"] == s["correct_math_verify"] for s in flat) / len(flat)}
+            "graders_agree": sum(s["correct"] == s["correct_math_verify"]
+                                 for s in flat) / len(flat)}
 
 
 GRADERS = ("checker", "math_verify", "both")
@@ -280,7 +285,8 @@ def held_out_eval(run, cfg, tracker) -> float:
     tqdm.write(f"step {run.step}: held-out pass@1 {result['pass@1']:.3f} ± "
                f"{result['pass@1_stderr']:.3f} "
                f"({len(run.heldout)} questions, greedy)" + ("; by level: " + ", ".join(
-                   f"L{level} {figures['pass@1']:.3f}" for level, figures in result["by_level"].items())
+                   f"L{level} {figures['pass@1']:.3f}"
+                   for level, figures in result["by_level"].items())
                    if "by_level" in result else ""))
     return result["pass@1"]
 
@@ -367,8 +373,9 @@ def main(argv=None):
     batch_size = args.batch_size or run_config.get("eval_batch_size", 64)
     answer_checker = args.answer_checker if args.answer_checker != "auto" else \
         "math" if rows and "level" in rows[0] else run_config.get("answer_checker", "gsm8k")
-    markers = tuple(m.strip() for m in args.reflection_markers.split(",") if m.strip()) if args.reflection_markers \
-        else tuple(run_config.get("reflection_markers", REFLECTION_MARKERS))
+    markers = (tuple(m.strip() for m in args.reflection_markers.split(",") if m.strip())
+               if args.reflection_markers
+               else tuple(run_config.get("reflection_markers", REFLECTION_MARKERS)))
     # out/demo/ckpt.pt -> out/demo/ckpt_eval: beside the run it scores
     if args.model.endswith(".pt"):
         out_dir = args.out or os.path.splitext(args.model)[0] + "_eval"
@@ -398,8 +405,8 @@ def main(argv=None):
         print(f"pass@1: {summary['pass@1_math_verify']:.4f} ± "
               f"{summary['pass@1_math_verify_stderr']:.4f} (standard "
               f"error, {summary['questions']} questions; Math-Verify)" + (
-                  f"; the graders agree on {summary['graders_agree']:.1%} of completions" if args.grader == "both"
-                  else ""))
+                  f"; the graders agree on {summary['graders_agree']:.1%} of completions"
+                  if args.grader == "both" else ""))
     for line in breakdown_lines(summary):
         print(line)
     for k in ks:
@@ -407,7 +414,8 @@ def main(argv=None):
             print(f"pass@{k}: {summary[f'pass@{k}']:.4f}")
     # worked, reflect: records.completion_flags says what each means
     for name in completion_flags(template=None):
-        accuracy = {kind: "n/a" if summary[f"accuracy_{kind}"] is None else f"{summary[f'accuracy_{kind}']:.3f}"
+        accuracy = {kind: ("n/a" if summary[f"accuracy_{kind}"] is None
+                           else f"{summary[f'accuracy_{kind}']:.3f}")
                     for kind in (name, "un" + name)}
         print(f"{name}_rate: {summary[f'{name}_rate']:.3f} of the completions; "
               f"accuracy {accuracy[name]}, without it {accuracy['un' + name]}")

@@ -1,6 +1,6 @@
 """
 Equivalence of MATH-style final answers: the checker a MATH run uses where a GSM8K run uses
-rewards.is_equiv.
+answers.is_equiv.
 
 MATH (Hendrycks et al., 2021, "Measuring Mathematical Problem Solving With the MATH Dataset") states
 each final answer as a short LaTeX string: a number (\\frac{3}{4}, 2\\sqrt{5}, 90^\\circ, 10,\\!080,
@@ -45,7 +45,7 @@ UNICODE_LATEX = (("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u0
                  ("\u2264", "\\le "), ("\u2265", "\\ge "), ("\u2260", "\\ne "), ("\u00b1", "\\pm "),
                  ("\u222a", "\\cup "), ("\u00b0", " "))
 # Commands that change nothing: delimiters' sizes, spacing, math delimiters, currency and percent
-# signs (50\% is 50, as in rewards.is_equiv), a stray degree sign.
+# signs (50\% is 50, as in answers.is_equiv), a stray degree sign.
 NOISE_COMMANDS = frozenset("left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr "
                            "displaystyle textstyle quad qquad circ "
                            "degree".split()) | frozenset(",!;: $%()[]")
@@ -73,9 +73,10 @@ MATRIX_ENVIRONMENTS = frozenset(("pmatrix", "bmatrix", "matrix", "Bmatrix"))
 # Words that hedge, negate, bound or change the value they stand beside ("5 or 6", "5\text{ or
 # more}", "72 thousand", "5\text{ is wrong}"): such a unit makes the answer unreadable.
 HEDGE_WORDS = frozenset("""
-    or nor and but plus minus not no never if unless wrong incorrect false about approximately approx around roughly
-    nearly almost maybe perhaps probably possibly likely least most than squared cubed half hundred hundreds thousand
-    thousands million millions billion billions trillion
+    or nor and but plus minus not no never if unless wrong incorrect false about approximately
+    approx around roughly nearly almost maybe perhaps probably possibly likely least most than
+    squared cubed half hundred hundreds thousand thousands million millions billion billions
+    trillion
 """.split())
 
 # -----------------------------------------------------------------------------
@@ -186,8 +187,9 @@ def _command(text, i, end, tokens, depth):
         content = text[open_at + 1:close]
         if name in ("begin", "end"):
             tokens.append((name, content.strip()))
-        elif name in ("boxed", "fbox") or any(char in DIGITS or char in "\\$" for char in content) or \
-                len(content.strip()) <= 1:  # a frame, or math inside text: \text{18 dollars}, \mathbf{v}
+        elif (name in ("boxed", "fbox") or any(char in DIGITS or char in "\\$" for char in content)
+              or len(content.strip()) <= 1):
+            # a frame, or math inside text: \text{18 dollars}, \mathbf{v}
             _tokenize(content, 0, len(content), tokens, depth + 1)
         else:
             tokens.append(("text", content.strip()))
@@ -401,13 +403,15 @@ def _count_pm(node):
 class _Parser:
     """Recursive descent over the tokens of one answer. Grammar, loosest first:
         answer   = item ("," item)*                  several items are a Set (a bare list)
-        item     = relation [unit]                   unit: a \\text{} of words after the value, optionally ^2 or ^3
+        item     = relation [unit]                   unit: a \\text{} of words after the value,
+                                                     optionally ^2 or ^3
         relation = union [relop union [relop union]] two relops only as a chain low < x < high
         union    = sum ("\\cup" sum)*
         sum      = [sign] product (sign product)*    sign: + - \\pm \\mp
-        product  = power (op [-] power | power)*     op: * \\cdot \\times / \\div; juxtaposition multiplies, but a
-                                                     number never follows a factor (x2, (1)2, "2 3" are refused)
-                                                     and a/bc is refused as ambiguous
+        product  = power (op [-] power | power)*     op: * \\cdot \\times / \\div; juxtaposition
+                                                     multiplies, but a number never follows a factor
+                                                     (x2, (1)2, "2 3" are refused) and a/bc is
+                                                     refused as ambiguous
         power    = atom ["^" group]
         atom     = number | letters | command | group | |sum| | matrix
     A group (...), [...], {...} with one item is that item; with several it is a Seq (round/square
@@ -610,9 +614,11 @@ class _Parser:
     def mixed_fraction(self):
         """The proper fraction of two integers right after an integer (\\frac{a}{b}, or a/b after a
         space), taken from the tokens; 0 if there is none."""
-        ahead = [token if token[0] != "num" else ("num", "") for token in self.tokens[self.at:self.at + 7]]
+        ahead = [token if token[0] != "num" else ("num", "")
+                 for token in self.tokens[self.at:self.at + 7]]
         if ahead == [("cmd", "frac"), LBRACE, ("num", ""), RBRACE, LBRACE, ("num", ""), RBRACE]:
-            numerator, denominator, length = self.tokens[self.at + 2][1], self.tokens[self.at + 5][1], 7
+            numerator, denominator, length = (self.tokens[self.at + 2][1],
+                                              self.tokens[self.at + 5][1], 7)
         elif ahead[:3] == [("num", ""), ("sym", "/"), ("num", "")]:
             numerator, denominator, length = self.tokens[self.at][1], self.tokens[self.at + 2][1], 3
         else:
@@ -827,7 +833,8 @@ def _parts(value):
 
 def _bits(value):
     """The size of an exact value: the longest numerator or denominator of its parts, in bits."""
-    return max(max(part.numerator.bit_length(), part.denominator.bit_length()) for part in _parts(value))
+    return max(max(part.numerator.bit_length(), part.denominator.bit_length())
+               for part in _parts(value))
 
 
 def _checked(value):
@@ -1130,7 +1137,8 @@ def _without_unit_words(tokens):
     start = len(tokens)
     while start > 0 and tokens[start - 1][0] in ("word", "text"):
         start -= 1
-    words = " ".join(value for _, value in tokens[start:]).lower().replace("-", " ").replace("'", " ").split()
+    words = (" ".join(value for _, value in tokens[start:]).lower()
+             .replace("-", " ").replace("'", " ").split())
     if (start == 0 or not words
         or any(len(word) < 2 or word in HEDGE_WORDS or word in WORD_COMMANDS for word in words)):
         return None
@@ -1161,7 +1169,7 @@ def is_equiv_math(pred: str | None, gold: str) -> bool:
       - Words compare letters and digits case-insensitively (\\text{Evelyn} and Evelyn); a choice
         letter must match ((A), \\text{(A)}, \\textbf{(A)}, A); \\text{} units after a value are
         dropped; against a number gold, trailing plain words are units too ("18 apples", as
-        rewards.is_equiv reads them).
+        answers.is_equiv reads them).
       - Conventions: an integer before a proper fraction is a mixed number (MATH's 137
         \\frac{1}{2}); 204_5 is the numeral 204 (the question names the base); i is the imaginary
         unit, e Euler's number, \\log base 10.

@@ -15,6 +15,25 @@ cache, S = cache length with one) and positions default to the count of real tok
 LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives
 back the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint,
 adapters folded in.
+
+The contract: what the rest of the repo calls on a model, so that swapping in another one is this
+checklist (an nn.Module; tests/test_model.py runs the sampler and the update's log-probs on a model
+that offers only the first four items).
+- model(ids, positions=, attention_mask=, cache=, cache_index=, return_hidden=True) -> the final
+  normed hidden states [B, T, dim], as forward() above: the sampler's prefill and decode steps
+  (sample.generate) and the update's log-probs (grpo.completion_logprobs) call it so, cache_index
+  a 0-d tensor while decoding (CUDA graphs replay it); model(ids) -> logits [B, T, vocab].
+- model.lm_head: hidden -> logits, applied a chunk at a time (grpo.py) or to the last position
+  (sample.py); its weight's device and dtype are the model's.
+- model.config: n_layers, n_heads, n_kv_heads, head_dim, dim, ffn_dim, vocab_size for the KV cache
+  (KVCache: keys and values [n_layers, B, n_kv_heads, max_len, head_dim], written through
+  cache.update(layer, k, v, slots)) and the memory estimates; check_context(prompts,
+  max_new_tokens) refuses a prompt that would run past the model's positions.
+- model.layers: the blocks, which FSDP shards one by one (distributed.spread).
+- frozen_copy(dtype): the sampler's and the reference's copy; adapters_disabled(): the reference
+  under LoRA; lora_merged(): the sampler's forward under LoRA; add_lora(rank, alpha, dropout).
+- grad_checkpointing (a bool attribute), num_params(), from_pretrained, save_pretrained and
+  state_dict / load_state_dict for checkpoints (checkpoint.py).
 """
 import copy
 import dataclasses
@@ -198,7 +217,8 @@ class KVCache:
     @staticmethod
     def nbytes(config: ModelConfig, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.n_layers * batch_size * config.n_kv_heads * max_len * config.head_dim * elem
+        per_slot = config.n_layers * config.n_kv_heads * config.head_dim * elem
+        return 2 * batch_size * max_len * per_slot  # keys and values
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
         """Write k/v [B, Hkv, T, D] at cache slots [T]; return this layer's whole cache (k, v)."""
@@ -652,7 +672,8 @@ def _from_hf_names(state: dict, config: ModelConfig) -> dict:
     for name, tensor in state.items():
         if name.endswith("rotary_emb.inv_freq"):
             continue  # recomputed from the config
-        out[".".join(HF_NAMES.get(part, part) for part in name.removeprefix("model.").split("."))] = tensor
+        parts = name.removeprefix("model.").split(".")
+        out[".".join(HF_NAMES.get(part, part) for part in parts)] = tensor
     if config.tie_embeddings:
         out.pop("lm_head.weight", None)
         out["lm_head.weight"] = out["embed.weight"]

@@ -3,12 +3,15 @@ Rewards a config names beyond rewards.py's rules, loaded once per run by load_re
 reward_weights key is
 
     "correctness", "format"            rewards.REWARD_FUNCTIONS, the rule-based rewards
-    "path/to/file.py:function"         your function: function(completion, gold) -> float; or, marked by an attribute
-                                       function.batched = True, function(completions, golds, questions) -> N floats
-    "model:NAME" or "model:NAME:LABEL" a learned reward model: a Hugging Face sequence-classification checkpoint
-                                       (a local dir or hub name) scoring question + completion on the training device
-    "judge:NAME"                       an LLM judge: a causal LM (model.py) that grades the completion 0-10 under
-                                       JUDGE_RUBRIC; its greedy verdict, read by parse_verdict, scaled to [0, 1]
+    "path/to/file.py:function"         your function: function(completion, gold) -> float; or,
+                                       marked by an attribute function.batched = True,
+                                       function(completions, golds, questions) -> N floats
+    "model:NAME" or "model:NAME:LABEL" a learned reward model: a Hugging Face
+                                       sequence-classification checkpoint (a local dir or hub name)
+                                       scoring question + completion on the training device
+    "judge:NAME"                       an LLM judge: a causal LM (model.py) that grades the
+                                       completion 0-10 under JUDGE_RUBRIC; its greedy verdict, read
+                                       by parse_verdict, scaled to [0, 1]
 
 A function may also read, by naming them as parameters (or all of them, with **kwargs),
 rewards.REWARD_INFO: question, truncated (cut at max_new_tokens), length (tokens, stop token
@@ -45,7 +48,8 @@ def load_rewards(names, device, dtype, batch_size: int) -> dict:
     for name in names:
         kind, target, detail = parse_reward_name(name)
         if kind == "file":
-            spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(target))[0], target)
+            spec = importlib.util.spec_from_file_location(
+                os.path.splitext(os.path.basename(target))[0], target)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             if not callable(getattr(module, detail, None)):
@@ -80,7 +84,8 @@ class RewardModel:
         # guarantees a pad token (eos when the tokenizer has none)
         self.tokenizer = load_tokenizer(name)
         self.tokenizer.padding_side = "right"
-        self.model = AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype).to(device).eval()
+        self.model = (AutoModelForSequenceClassification.from_pretrained(name, dtype=dtype)
+                      .to(device).eval())
         # the head reads the last non-pad token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.column = labels[label] if label else 0
@@ -110,7 +115,7 @@ class RewardModel:
 
 def parse_verdict(verdict: str) -> float:
     """A judge's verdict as a reward in [0, 1]: the answer on its first non-empty line, read by
-    rewards.extract_answer and parse_number ("7", "Score: 7", "**7**", "\\boxed{7}", "7/10"), must
+    answers.extract_answer and parse_number ("7", "Score: 7", "**7**", "\\boxed{7}", "7/10"), must
     be a whole number from 0 to 10, and is divided by 10; anything else ("seven", "7.5", "7 or 8",
     "11", no verdict) is 0.0: when in doubt, lean to 0."""
     answer = extract_answer(verdict.strip().partition("\n")[0])
@@ -147,8 +152,9 @@ class Judge:
         """The judge's greedy replies, without their stop token."""
         replies = []
         for start in range(0, len(completions), self.batch_size):
-            prompts = [self.prompt(q, c) for q, c in zip(questions[start:start + self.batch_size],
-                                                         completions[start:start + self.batch_size])]
+            prompts = [self.prompt(q, c)
+                       for q, c in zip(questions[start:start + self.batch_size],
+                                       completions[start:start + self.batch_size])]
             rollout = generate(self.model, prompts, self.max_new_tokens, temperature=0.0,
                                stop_ids=stop_token_ids(self.tokenizer),
                                pad_id=self.tokenizer.pad_token_id)

@@ -89,7 +89,8 @@ def reward_keywords(function, batched: bool, available=None) -> set[str]:
     parameters; with **kwargs it gets every one in available as well."""
     known = BATCHED_REWARD_INFO if batched else REWARD_INFO
     parameters = inspect.signature(function).parameters.values()
-    named = {p.name for p in parameters if p.name in known and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named = {p.name for p in parameters
+             if p.name in known and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     if available is not None and any(p.kind is p.VAR_KEYWORD for p in parameters):
         named |= set(known) & set(available)
     return named
@@ -194,7 +195,7 @@ def correctness_reward(completion: str, gold: str, truncated: bool = False,
     """1.0 if the completion's final answer (extract_answer, in template's tags) equals gold (a
     final-answer string like "1,600"), else 0.0. A truncated completion never finished its answer,
     so it earns nothing. answer_checker (ANSWER_CHECKERS): "gsm8k" (the default: every form of
-    extract_answer, rewards.is_equiv) or "math" (MATH_FORMS, math_answers.is_equiv_math)."""
+    extract_answer, answers.is_equiv) or "math" (MATH_FORMS, math_answers.is_equiv_math)."""
     if truncated:
         return 0.0
     forms, equiv = answer_checker_of(answer_checker)
@@ -258,7 +259,8 @@ def reward_log_name(name: str) -> str:
     kind, target, detail = parse_reward_name(name)
     if kind in ("rule", "file"):
         return detail or target
-    short = "_".join(part for part in (kind, os.path.basename(os.path.normpath(target)), detail) if part)
+    short = "_".join(part for part in (kind, os.path.basename(os.path.normpath(target)), detail)
+                     if part)
     return "".join(char if char.isalnum() else "_" for char in short)
 
 
@@ -292,7 +294,8 @@ def check_settings(cfg):
                          f"{cfg.answer_checker!r}")
     markers = cfg.reflection_markers
     if not (isinstance(markers, (tuple, list)) and len(markers) > 0 and all(
-            isinstance(m, str) and m.strip() == m and m and "  " not in m and all(c.isalnum() or c in "- " for c in m)
+            isinstance(m, str) and m.strip() == m and m and "  " not in m
+            and all(c.isalnum() or c in "- " for c in m)
             for m in markers)):
         raise ValueError("reflection_markers must be words or phrases (letters, digits, hyphens "
                          f"and single spaces: rewards.reflects matches whole words), got {markers}")
@@ -305,9 +308,12 @@ def check_template(template: Template, answer_checker: str = "gsm8k"):
     only (read by answer_checker) and (the worked one) shows_work."""
     worked = template.prefix + template.target_text("3+4=7\n", "7")
     direct = template.prefix + template.target_text("", "7")
-    readable = (format_reward(worked, "7", template=template) == format_reward(direct, "7", template=template) == 1.0
-                and correctness_reward(worked, "7", template=template, answer_checker=answer_checker) == 1.0
-                and correctness_reward(worked, "8", template=template, answer_checker=answer_checker) == 0.0
+    readable = (format_reward(worked, "7", template=template)
+                == format_reward(direct, "7", template=template) == 1.0
+                and correctness_reward(worked, "7", template=template,
+                                       answer_checker=answer_checker) == 1.0
+                and correctness_reward(worked, "8", template=template,
+                                       answer_checker=answer_checker) == 0.0
                 and shows_work(worked[len(template.prefix):], template)
                 and not shows_work(direct[len(template.prefix):], template))
     if not readable:
@@ -350,7 +356,8 @@ def _claim_tokens(text, start, end):
             value = leading_number(number)[0]
             i += signed + len(number)
             negative = char in "-\u2212"
-            tokens.append(("num", -value if negative else value, i) if value is not None else ("other", None, i))
+            tokens.append(("num", -value if negative else value, i) if value is not None
+                          else ("other", None, i))
             continue
         if (char in CLAIM_OPERATORS
             and not (char == "x" and (text[i - 1:i].isalpha() or text[i + 1:i + 2].isalpha()))):
@@ -411,7 +418,8 @@ def _right_side(tokens):
     if (parsed is None or (parsed[1] < len(tokens) and tokens[parsed[1]][0] == "op")
         or parsed[1] > MAX_CLAIM_TOKENS):
         return None
-    return parsed[0], any(token[0] == "op" for token in tokens[:parsed[1]]), tokens[parsed[1] - 1][2]
+    return (parsed[0], any(token[0] == "op" for token in tokens[:parsed[1]]),
+            tokens[parsed[1] - 1][2])
 
 
 def arithmetic_claims(text: str) -> list[tuple[int, bool]]:

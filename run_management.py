@@ -133,16 +133,19 @@ def check_reachable(names: list[tuple[str, str, str]], program: str = "train.py"
     if not missing or hub_reachable():
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    no_network = ("HF_HUB_OFFLINE=1 forbids the network" if offline
+                  else "the hub cannot be reached (no network)")
     what, name = missing[0]
     raise OSError(
         f"{what} {name!r} is not in the Hugging Face cache "
         f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}) and "
-        f"{'HF_HUB_OFFLINE=1 forbids the network' if offline else 'the hub cannot be reached (no network)'}. "
+        f"{no_network}. "
         f"Either\n  - download it where there is network, `huggingface-cli download {name}`, and "
         f"copy the cache here (then HF_HUB_OFFLINE=1 keeps {program} offline), or\n  - give a "
         "local directory holding its files: "
         f"--{'model' if what == 'model' else 'tokenizer'}=LOCAL_DIR"
-        + (f"\n  (also missing: {', '.join(n for _, n in missing[1:])})" if len(missing) > 1 else ""))
+        + (f"\n  (also missing: {', '.join(n for _, n in missing[1:])})" if len(missing) > 1
+           else ""))
 
 
 def model_config(cfg, vocab_size: int) -> ModelConfig | None:
@@ -190,7 +193,8 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
     rows = max(cfg.prompts_per_step * cfg.group_size // world_size(), cfg.eval_batch_size)
     return {"fp32 weights": 4 * params, "AdamW state": 8 * trained,
             "sampler copy": 2 * params if low else 0,
-            "reference copy": 2 * params if low and cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo" else 0,
+            "reference copy": (2 * params if low and cfg.beta > 0 and cfg.lora_rank == 0
+                               and cfg.method == "grpo" else 0),
             "KV cache": KVCache.nbytes(config, rows, prompt_len + cfg.max_new_tokens,
                                        sampler_dtype),
             "prefill": prefill_nbytes(config, rows, prompt_len, sampler_dtype),
@@ -384,7 +388,8 @@ def check_out_dir(cfg) -> dict | None:
     if cfg.resume and ours:  # the start of a run that saved nothing: this one's, or refused
         with open(os.path.join(cfg.out_dir, "config.json")) as f:
             check_same_run(cfg, json.load(f), os.path.join(cfg.out_dir, "config.json"))
-    inside = os.path.relpath(os.path.realpath(cfg.init_from), os.path.realpath(cfg.out_dir)).split(os.sep)[0]
+    inside = os.path.relpath(os.path.realpath(cfg.init_from),
+                             os.path.realpath(cfg.out_dir)).split(os.sep)[0]
     if cfg.init_from and (inside in RUN_FILES or is_eval_file(inside)):
         raise ValueError(f"init_from={cfg.init_from!r} lies in out_dir={cfg.out_dir!r}, whose run "
                          "files a new run deletes: copy it elsewhere, or choose another --out_dir")
@@ -447,7 +452,8 @@ def start_out_dir(cfg, state: dict | None, heldout: list[dict]):
         for name in sorted(ours, key=lambda name: name == "config.json"):
             # directory stays recognisably a run's
             path = os.path.join(cfg.out_dir, name)
-            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+            (shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path)
+             else os.remove(path))
     write_jsonl(heldout, os.path.join(cfg.out_dir, "heldout.jsonl"))
     with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=2)
@@ -467,7 +473,8 @@ def truncate_log(path: str, step: int):
         except json.JSONDecodeError:
             if number == len(lines):
                 break
-            raise ValueError(f"{path}:{number} is not valid JSON; fix or delete that line to resume") from None
+            raise ValueError(f"{path}:{number} is not valid JSON; fix or delete that line to "
+                             "resume") from None
         if record["step"] <= step:
             kept.append(line)
     with open(path, "w") as f:
@@ -488,7 +495,8 @@ class StopRequest:
         self.previous = {}
         # signals can only be caught there
         if threading.current_thread() is threading.main_thread():
-            self.previous = {signum: signal.signal(signum, self._handler) for signum in self.SIGNALS}
+            self.previous = {signum: signal.signal(signum, self._handler)
+                             for signum in self.SIGNALS}
         return self
 
     def _handler(self, signum, frame):
@@ -512,10 +520,11 @@ class StopRequest:
 def resume_command() -> str:
     """The command that continues this run: this process's own, with --resume (and without
     --overwrite); under torchrun, train.py's part of it after torchrun's own options."""
-    args = [arg for arg in sys.argv[1:] if arg.partition("=")[0] not in ("--resume", "--overwrite")] + ["--resume"]
-    command = shlex.join(["python",
-                          os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "train.py",
-                          *args])
+    args = [arg for arg in sys.argv[1:]
+            if arg.partition("=")[0] not in ("--resume", "--overwrite")] + ["--resume"]
+    command = shlex.join(
+        ["python", os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "train.py",
+         *args])
     return (f"torchrun [its options] {command.removeprefix('python ')}" if world_size() > 1
             else command)
 
@@ -550,11 +559,13 @@ def saved_on_failure(run, cfg, step: int, path: str):
             saved = f"the step had updated the weights, so {path} keeps the last checkpoint written"
         elif dist.is_initialized() and cfg.sharding == "fsdp":
             # gathering the shards would wait for the other ranks
-            saved = f"under FSDP2 nothing is saved after a failure; {path} keeps the last checkpoint written"
+            saved = (f"under FSDP2 nothing is saved after a failure; {path} keeps the last "
+                     "checkpoint written")
         else:
             run.stream.load_state_dict(stream_state)
             save_checkpoint(run, cfg, path)
-            saved = f"stopped before the update, so {path} keeps the last good weights, those of step {run.step}"
+            saved = (f"stopped before the update, so {path} keeps the last good weights, "
+                     f"those of step {run.step}")
         if cfg.save_checkpoints:
             saved += f". Continue with: {resume_command()}"
         # the measured need: memory_gb, each step's peak in log.jsonl

@@ -3,9 +3,10 @@ Supervised fine-tuning: the warm start on worked solutions (the SFT stage of the
 the baselines GRPO is measured against, which train.py's loop runs in place of grpo_step (config key
 `method`) with the same questions, completions per step, warm start and held-out set:
 
-    rft           rejection-sampling fine-tuning (RFT, STaR): GRPO's samples, one supervised step on the correct ones
-    sft_answers   one supervised step on prompts_per_step * group_size training rows (their answers alone, with
-                  dataset="synthetic_split": "</think> <answer>N</answer>")
+    rft           rejection-sampling fine-tuning (RFT, STaR): GRPO's samples, one supervised step on
+                  the correct ones
+    sft_answers   one supervised step on prompts_per_step * group_size training rows (their answers
+                  alone, with dataset="synthetic_split": "</think> <answer>N</answer>")
     sft_more      the same on warm-start rows: more of the warm start
 
 The loss is next-token cross-entropy on the completion only (the prompt is context, not a target),
@@ -45,8 +46,8 @@ def sft_text(row: dict, template: Template = R1_ZERO) -> str:
 def sft_target(tokenizer, row: dict, template: Template = R1_ZERO) -> list[int]:
     """The token ids an SFT step trains on for row: sft_text, then the first stop token (no BOS
     mid-row). An answer-only row ("#### N") gives "</think> <answer>N</answer>": no reasoning."""
-    return tokenizer.encode(sft_text(row,
-                                     template), add_special_tokens=False) + [stop_token_ids(tokenizer)[0]]
+    return (tokenizer.encode(sft_text(row, template), add_special_tokens=False)
+            + [stop_token_ids(tokenizer)[0]])
 
 
 def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device, autocast,
@@ -88,7 +89,8 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
     def save(step, rng_state):
         log.flush()  # the log holds every step the checkpoint holds
         save_warm_start(model, optimizer, cfg, step, rng_state, warm_set, run_id, path)
-    with open(os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull, "a") as log:
+    with open(os.path.join(cfg.out_dir, "sft_log.jsonl") if rank() == 0 else os.devnull,
+              "a") as log:
         for step in (bar := tqdm(range(first, cfg.sft_steps + 1), initial=first - 1,
                                  total=cfg.sft_steps, desc="sft",
                                  dynamic_ncols=True, disable=rank() != 0)):
@@ -161,5 +163,6 @@ def sft_step(run, cfg, step: int) -> tuple[None, dict]:
     start = time.perf_counter()
     picked = run.stream.next(cfg.prompts_per_step * cfg.group_size)
     update = supervised_update(run, cfg, step, [run.prompts[i] for i in picked],
-                               [sft_target(run.tokenizer, run.problems[i], run.template) for i in picked])
+                               [sft_target(run.tokenizer, run.problems[i], run.template)
+                                for i in picked])
     return None, {**update, "time_update": time.perf_counter() - start}

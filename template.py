@@ -7,8 +7,10 @@ Template: the prompt and the response prefix it ends in (format_prompt), where s
 warm start's targets (target_text), and in rewards.py the format reward and the answer-tag reading.
 
     template = template_of("r1_zero")                  # a TEMPLATES name ...
-    template = template_of({"think": ("<reasoning>", "</reasoning>"), "answer": ("<final>", "</final>")})
-    format_prompt("What is 2+3?", template)            # ... or a dict of Template's fields (config key `template`)
+    template = template_of({"think": ("<reasoning>", "</reasoning>"),
+                            "answer": ("<final>", "</final>")})
+    format_prompt("What is 2+3?", template)            # ... or a dict of Template's fields
+                                                       # (config key `template`)
 
 A config names a template or spells one out as a dict; TrainConfig keeps it as the resolved dict
 (template_dict), so config.json and every checkpoint hold the whole template and eval.py and
@@ -130,7 +132,8 @@ def template_of(spec) -> Template:
     if set(spec) - known:
         raise ValueError(f"template has unknown key(s) {sorted(set(spec) - known)}; "
                          f"template.Template has {sorted(known)}")
-    return Template(**{key: tuple(value) if key in ("think", "answer") and isinstance(value, list) else value
+    return Template(**{key: (tuple(value) if key in ("think", "answer") and isinstance(value, list)
+                             else value)
                        for key, value in spec.items()})
 
 

@@ -11,7 +11,7 @@
 # questions), and a re-checked answer is right far more often than a quick one: GRPO on the final
 # answer alone then makes re-checking the common behaviour (in 5 of 6 runs; the step varies), and
 # held-out pass@1 and the response length rise with it. What it shows beside baselines and controls
-# over several warm starts: docs/experiments.md (python docs/aha_table.py).
+# over several warm starts: docs/experiments.md (python tools/aha_table.py).
 #   python eval.py --model out/demo_aha/ckpt.pt --data out/demo_aha/heldout.jsonl --n 8
 # splits the accuracy of reflective and other completions at T=1 (reflect_rate, accuracy_reflect,
 # accuracy_unreflect).

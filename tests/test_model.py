@@ -425,3 +425,38 @@ def test_a_qwen3_gguf_file_loads_with_the_logits_of_its_weights(tmp_path):
     assert ours.config.qk_norm and ours.config.head_dim == 128
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+class OnlyTheContract(torch.nn.Module):
+    """A model that offers the sampler and the update exactly what model.py's docstring lists (its
+    forward, lm_head, config, layers), through a wrapper: using anything else fails here."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+        self.lm_head = model.lm_head
+        self.config = model.config
+        self.layers = model.layers
+
+    def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0,
+                return_hidden=False):
+        return self.inner(ids, positions=positions, attention_mask=attention_mask, cache=cache,
+                          cache_index=cache_index, return_hidden=return_hidden)
+
+
+def test_the_sampler_and_the_update_use_only_the_model_contract():
+    import grpo
+    from sample import generate
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                    head_dim=8, ffn_dim=64, max_seq_len=64)).eval()
+    prompts = [[5, 17, 3], [8, 1, 90, 33, 2]]
+    rollouts = [generate(m, prompts, 6, temperature=1.0, seed=0, stop_ids=(7,))
+                for m in (model, OnlyTheContract(model))]
+    assert torch.equal(rollouts[0].tokens, rollouts[1].tokens)
+    completions = [row[:n].tolist() for row, n in zip(rollouts[0].tokens, rollouts[0].lengths)]
+    batch, = grpo.make_micro_batches(prompts, completions, 2, 0, "cpu")
+    logps = [grpo.completion_logprobs(m, batch, 1.0, 4)[0] for m in (model, OnlyTheContract(model))]
+    assert torch.equal(logps[0], logps[1])
+    logps[1].sum().backward()  # the update's gradients reach the wrapped weights
+    assert model.embed.weight.grad is not None
