@@ -342,8 +342,10 @@ class LoRALinear(nn.Module):
                 raise RuntimeError("LoRA weights are merged (a snapshot for sampling): "
                                    "unmerge_lora() before training")
             return F.linear(x, self.merged_weight, self.bias)
+        # the base product first: the backward sums the gradients in the order they were made
+        base = F.linear(x, self.weight, self.bias)
         low_rank = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
-        return F.linear(x, self.weight, self.bias) + self.scale * low_rank
+        return base + self.scale * low_rank
 
 
 class Transformer(nn.Module):
