@@ -10,7 +10,9 @@ Calling the model on ids [B, T] returns logits [B, T, vocab]. Incremental decodi
 and `cache_index` (the cache slot of ids[:, 0]); the new keys/values are written at
 slots cache_index .. cache_index+T-1 and each query attends to cache slots <= its own slot.
 Ragged batches are left-padded: `attention_mask` [B, S] marks real key slots (S = T without a
-cache, S = cache length with one) and positions default to the count of real tokens before each one.
+cache, S = cache length with one) and positions default to the count of real tokens before each one;
+the forward turns it once into the additive mask SDPA computes with, which a caller may also pass
+ready ([B, 1, T, S], as the sampler's decode steps do).
 
 LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives
 back the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint,
@@ -21,8 +23,9 @@ checklist (an nn.Module; tests/test_model.py runs the sampler and the update's l
 that offers only the first four items).
 - model(ids, positions=, attention_mask=, cache=, cache_index=, return_hidden=True) -> the final
   normed hidden states [B, T, dim], as forward() above: the sampler's prefill and decode steps
-  (sample.generate) and the update's log-probs (grpo.completion_logprobs) call it so, cache_index
-  a 0-d tensor while decoding (CUDA graphs replay it); model(ids) -> logits [B, T, vocab].
+  (sample.generate) and the update's log-probs (grpo.completion_logprobs) call it so; a decode
+  step passes cache_index as a 0-d tensor (CUDA graphs replay it) and its additive mask ready;
+  model(ids) -> logits [B, T, vocab].
 - model.lm_head: hidden -> logits, applied a chunk at a time (grpo.py) or to the last position
   (sample.py); its weight's device and dtype are the model's.
 - model.config: n_layers, n_heads, n_kv_heads, head_dim, dim, ffn_dim, vocab_size for the KV cache
@@ -188,6 +191,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def additive_mask(real: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
+    """real [B, S]: the key slots holding real tokens; slots [T]: the queries' slots -> the mask
+    SDPA adds to its scores, [B, 1, T, S] in dtype: 0 where a query sees a key (a real one at or
+    before its own slot, and always itself, so that a padded row never softmaxes over nothing),
+    -inf elsewhere. Made once per forward: given booleans, SDPA converts them in every layer."""
+    key_slots = torch.arange(real.shape[1], device=real.device)
+    causal = key_slots[None, :] <= slots[:, None]  # [T, S]
+    seen = (causal & real.bool()[:, None]) | (key_slots[None, :] == slots[:, None])  # [B, T, S]
+    return torch.where(seen, 0.0, float("-inf")).to(dtype)[:, None]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -195,12 +209,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalise in fp32, scale in the input dtype (the weight too, so that fp32 master weights
-        # under autocast compute as their bf16 copy does): the order the checkpoints were trained
-        # with
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight.to(x.dtype) * xf.to(x.dtype)
+        # x * rsqrt(mean(x^2) + eps) * weight, normalised in fp32: one kernel on CUDA, and on the
+        # CPU in fp32 exactly what the checkpoints' code computes (in bf16 it rounds once, after
+        # the weight). The weight in the input's dtype, so that fp32 master weights under autocast
+        # compute as their bf16 copy does; CUDA's autocast returns fp32 here, which the next
+        # matrix product rounds to bf16 as the copy's norm would.
+        return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
 class KVCache:
@@ -249,10 +263,13 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):  # Qwen3: each head's query and key normalised, before RoPE
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
+            # in the projections' dtype: CUDA's autocast would leave rms_norm's output in fp32
+            q = self.q_norm(q).to(q.dtype)
+            k = self.k_norm(k).to(k.dtype)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # queries and keys rotated in one go: [B, n_heads + n_kv_heads, T, head_dim]
+        qk = apply_rope(torch.cat((q, k), dim=2).transpose(1, 2), cos, sin)
+        q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)
         if cache is not None:
             k, v = cache.update(self.layer, k, v, slots)
         group = self.n_heads // self.n_kv_heads
@@ -503,32 +520,22 @@ class Transformer(nn.Module):
                 return_hidden=False):
         """ids [B, T] -> logits [B, T, vocab] (or the final normed hidden states [B, T, dim]).
         positions [B, T]: RoPE positions (default: real tokens counted from 0). attention_mask
-        [B, S]: real key slots (S = T, or cache.max_len with a cache). cache, cache_index (int or
-        0-d tensor): k/v written at slots cache_index.., each query attending to slots <= its own.
+        [B, S]: real key slots (S = T, or cache.max_len with a cache), each query attending to the
+        real ones up to its own; or the additive mask itself [B, 1, T, S] (0 where a query sees a
+        key, -inf elsewhere), used as it is (the sampler's decode steps keep one). cache,
+        cache_index (int or 0-d tensor): k/v written at slots cache_index.., T of them.
         """
         B, T = ids.shape
         device = ids.device
-        slots = torch.as_tensor(cache_index, device=device) + torch.arange(T, device=device)
-        if attention_mask is not None:
-            attention_mask = attention_mask.bool()
-        if positions is None:
-            if attention_mask is not None and cache is None:
-                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            else:
-                positions = slots.expand(B, T)
-        if cache is not None:
-            key_slots = torch.arange(cache.max_len, device=device)
-            if attention_mask is None:
-                attention_mask = key_slots < slots[-1] + 1
-        else:
-            key_slots = slots
-        mask = None
-        if attention_mask is not None:  # a causal, real key; a query always sees itself, so that
-            causal = key_slots[None, :] <= slots[:, None]  # padded rows never softmax over nothing
-            real = attention_mask.view(-1, 1, key_slots.numel())
-            mask = (causal & real) | (key_slots[None, :] == slots[:, None])
-            mask = mask.view(-1, 1, T, key_slots.numel())
-        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2] fp32, as checkpoints do
+        slots = torch.arange(T, device=device) + cache_index  # [T]
+        if cache is not None and attention_mask is None:  # every slot up to the last
+            attention_mask = torch.arange(cache.max_len, device=device) <= slots[-1]
+        real = attention_mask if attention_mask is not None and attention_mask.dim() < 4 else None
+        if positions is None:  # without a cache the real tokens counted from 0, else the slots
+            positions = slots.expand(B, T)
+            if cache is None and real is not None:
+                positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+        freqs = positions[..., None] * self.inv_freq  # [B, T, D/2] fp32, as checkpoints do
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         x = self.embed(ids)
         # the residual stream, norms and RoPE in the autocast dtype, as the bf16 sampler and
@@ -536,6 +543,9 @@ class Transformer(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        mask = attention_mask  # None (causal), or made ready by the caller
+        if real is not None:
+            mask = additive_mask(real, slots, x.dtype)
         for block in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, cos, sin, mask, use_reentrant=False)

@@ -6,7 +6,10 @@ decode step (model, sampling, bookkeeping) is one CUDA graph replay with no host
 looks at the batch only every CHECK_EVERY steps, to end when every row has stopped and to drop
 finished rows from the batch and the cache once half of them have. Attention reads only the first L
 cache slots, L rounded up to a multiple of BUCKET (one graph per bucket), so early steps don't read
-the whole cache.
+the whole cache. A step launches few kernels (the launches, not the bytes, set its time at GRPO's
+shapes): it keeps its attention mask in the additive form SDPA computes with, opening one slot a
+step, and records each sampled id, its log-prob and whether a stop sequence ends there by cache
+slot; a row's output is read once at the end, up to its first stop.
 
 The two GPU-only fast paths, CUDA graphs and the fused Triton sampling kernel (config keys
 cuda_graphs and fused_sampling), fall back to the eager torch path, the one the CPU tests run, on
@@ -107,24 +110,23 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
     real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts],
                         device=device)  # [B, P]: not padding
-    key_mask = torch.cat([real, real.new_ones(batch, max_len - prompt_len)], dim=1)
     cache = KVCache(model.config, batch, max_len, device, dtype)
     positions = (real.cumsum(-1) - 1).clamp(min=0)
     chunk = max(1, PREFILL_TOKENS // prompt_len)  # rows per prefill forward
     first = []
     for start in range(0, batch, chunk):  # the prefill: each forward writes its rows' cache
         rows = slice(start, start + chunk)
-        hidden = model(ids[rows], positions=positions[rows],
-                       attention_mask=key_mask[rows, :prompt_len],
+        hidden = model(ids[rows], positions=positions[rows], attention_mask=real[rows],
                        cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
         first.append(model.lm_head(hidden[:, -1]))
         del hidden  # the prefill's hidden states [rows, P, dim] are not kept for the decode loop
     first = first[0] if len(first) == 1 else torch.cat(first)
-    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros(batch, max_new_tokens, device=device)
+    # the decode steps' attention mask, added to the scores: 0 at the real prompt slots
+    mask = torch.full((batch, 1, 1, max_len), float("-inf"), dtype=dtype, device=device)
+    mask[:, 0, 0, :prompt_len].masked_fill_(real, 0.0)
     stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
-    decoder = _Decoder(model, cache, key_mask, real.sum(-1), tokens, logprobs,
-                       (temperature, top_p, top_k, fused_sampling), stop, pad_id, generator,
+    sampling = (temperature, top_p, top_k, fused_sampling)
+    decoder = _Decoder(model, cache, mask, real.sum(-1), sampling, stop, pad_id, generator,
                        prompt_len)
     decoder.record(first)
 
@@ -132,7 +134,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     replay, shape = None, None  # the graph of the current batch size and bucket
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
-            alive = int((~decoder.done).sum())  # the only host sync of the loop
+            alive = int((~decoder.stopped()).sum())  # the only host sync of the loop
             if alive == 0:
                 break
             if alive <= len(decoder.rows) // 2:
@@ -146,12 +148,18 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
         else:
             replay()
 
-    stopped = decoder.ends > 0
-    lengths = torch.where(stopped, decoder.ends, max_new_tokens)
+    new = slice(prompt_len, prompt_len + max_new_tokens)  # the generated slots
+    stops = decoder.stops[:, new]
+    stopped = stops.any(-1)
+    lengths = torch.where(stopped, stops.int().argmax(-1) + 1, max_new_tokens)  # the first stop
     n = int(lengths.max())
+    # what a row sampled after its end (until it left the batch) becomes padding
+    after = torch.arange(n, device=device) >= lengths[:, None]
+    tokens = decoder.tokens[:, new][:, :n].masked_fill(after, pad_id)
+    logprobs = decoder.logprobs[:, new][:, :n].masked_fill(after, 0.0)
     fused = fused_sampling and isinstance(generator, torch.Generator)
     fast_paths = _fast_paths_used(device, cuda_graphs, fused, temperature, top_p, top_k)
-    return Rollout(tokens[:, :n], lengths, logprobs[:, :n], stopped, fast_paths)
+    return Rollout(tokens, lengths, logprobs, stopped, fast_paths)
 
 
 def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
@@ -222,61 +230,64 @@ class _Decoder:
     place on the device with no host sync, so that CUDA can capture it in a graph; compact() drops
     finished rows."""
 
-    def __init__(self, model, cache, key_mask, positions, tokens, logprobs, sampling, stop, pad_id,
-                 generator, first_slot):
+    def __init__(self, model, cache, mask, positions, sampling, stop, pad_id, generator,
+                 prompt_len):
+        batch, max_len = mask.shape[0], mask.shape[-1]
+        device = mask.device
         self.model = model
         self.cache = cache
-        self.key_mask = key_mask
-        self.pos = positions
-        self.tokens, self.logprobs = tokens, logprobs  # [B, max_new] outputs, indexed by self.rows
+        self.mask = mask  # [B, 1, 1, max_len] additive: 0 where the rows' next queries look
+        self.pos = positions  # [B]: the RoPE position of each row's next token
         self.sampling = sampling
-        self.pad_id = pad_id
         self.generator = generator
         self.stop = stop  # [S, L] stop sequences, right-aligned; -1 pads
         self.stop_pad = stop < 0
-        self.rows = torch.arange(len(positions), device=positions.device)
-        self.last = torch.full_like(self.rows, pad_id)  # each row's latest token, fed next step
+        # by cache slot, indexed by self.rows: the ids sampled, their log-probs, and whether a stop
+        # sequence ends there (a row's output is its slots after the prompt, to the first stop)
+        self.tokens = torch.full((batch, max_len), pad_id, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(batch, max_len, device=device)
+        self.stops = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+        self.slot = torch.tensor(prompt_len, device=device)  # the slot of the token sampled last
+        self.rows = torch.arange(batch, device=device)
+        self.last = torch.zeros_like(self.rows)  # each row's latest token, fed next step
         # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop sequence
         # must be all generated
-        self.recent = torch.full((len(self.rows), stop.shape[1]), -1, dtype=torch.long,
-                                 device=positions.device)
-        self.ends = torch.zeros_like(self.rows)  # [B] by self.rows: a stopped row's length, else 0
-        self.done = torch.zeros_like(self.rows, dtype=torch.bool)
-        self.n = torch.zeros((), dtype=torch.long, device=positions.device)  # tokens so far
-        self.first_slot = first_slot  # the first generated token's cache slot: the prompt length
-        self.attend = key_mask.shape[1]  # cache slots read by attention; set per bucket by the host
+        self.recent = torch.full((batch, stop.shape[1]), -1, dtype=torch.long, device=device)
+        self.attend = max_len  # cache slots read by attention; set per bucket by the host
 
     def record(self, logits):
-        """Sample from logits [b, V] into output column n; rows done get pad_id, log-prob 0."""
+        """Sample from logits [b, V] the rows' tokens of slot `slot`: their ids and log-probs, and
+        whether a stop sequence ends with them."""
         temperature, top_p, top_k, fused = self.sampling
         ids, logprobs = sample_next(logits, temperature, top_p, top_k, self.generator, fused)
-        ids = ids.masked_fill(self.done, self.pad_id)
-        logprobs = logprobs.masked_fill(self.done, 0.0)
-        column = (self.rows, self.n.expand_as(self.rows))
+        column = (self.rows, self.slot.expand_as(self.rows))
         self.tokens.index_put_(column, ids)
         self.logprobs.index_put_(column, logprobs)
         self.recent.copy_(torch.cat([self.recent[:, 1:], ids[:, None]], dim=1))
-        # a row ends when its newest ids equal some stop sequence in every column that one fills
+        # a stop sequence ends here when the newest ids equal it in every column it fills
         matches = ((self.recent[:, None] == self.stop) | self.stop_pad).all(-1)  # [b, S]
-        ends_now = matches.any(-1) & ~self.done
-        self.ends.index_put_((self.rows,), torch.where(ends_now, self.n + 1, self.ends[self.rows]))
-        self.done |= ends_now
+        self.stops.index_put_(column, matches.any(-1))
         self.last.copy_(ids)
-        self.n += 1
 
     def step(self):
+        """Feed each row's latest token at its slot, then sample the next slot's."""
+        self.mask.index_fill_(-1, self.slot.view(1), 0.0)  # a query sees itself
         hidden = self.model(self.last[:, None], positions=self.pos[:, None],
-                            attention_mask=self.key_mask[:, :self.attend],
-                            cache=prefix_view(self.cache, self.attend),
-                            cache_index=self.n + (self.first_slot - 1), return_hidden=True)
+                            attention_mask=self.mask[..., :self.attend],
+                            cache=prefix_view(self.cache, self.attend), cache_index=self.slot,
+                            return_hidden=True)
+        self.slot += 1
         self.pos += 1
         self.record(self.model.lm_head(hidden[:, 0]))
 
+    def stopped(self) -> torch.Tensor:
+        """[b]: whether each row in the batch has generated a stop sequence."""
+        return self.stops[self.rows].any(-1)
+
     def compact(self):
-        keep = (~self.done).nonzero()[:, 0]
-        self.rows, self.last, self.recent, self.pos, self.done, self.key_mask = (
-            t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.done,
-                              self.key_mask))
+        keep = (~self.stopped()).nonzero()[:, 0]
+        self.rows, self.last, self.recent, self.pos, self.mask = (
+            t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.mask))
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
         if isinstance(self.generator, list):
             self.generator = [self.generator[i] for i in keep.tolist()]
@@ -382,7 +393,10 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
         except Exception as error:
             # Triton builds its launcher with a C compiler on first use; a launch can fail
             fall_back(FUSED, "to compile or launch", error)
-    logprobs = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+    scaled = logits.float()
+    if temperature not in (0, 1):  # 0: greedy, on the log-probs of T = 1
+        scaled = scaled / temperature
+    logprobs = scaled.log_softmax(-1)
     if temperature == 0:
         ids = logprobs.argmax(-1)
     else:

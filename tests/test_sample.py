@@ -577,3 +577,39 @@ def test_the_prefill_in_pieces_of_rows_equals_one_prefill_and_frees_its_hidden_s
     pieces = generate(model, PROMPTS, 10, temperature=0)
     assert len(forwards) == 2 and alive and not any(alive)
     assert torch.equal(pieces.tokens, whole.tokens) and torch.allclose(pieces.logprobs, whole.logprobs, atol=1e-5)
+
+
+class CallCount(torch.overrides.TorchFunctionMode):
+    """Counts the tensor operations called, each about one kernel launch on a GPU; views, shapes
+    and metadata are not counted."""
+    FREE = {"view", "reshape", "expand", "expand_as", "transpose", "split", "chunk", "detach",
+            "__getitem__", "__get__", "__len__", "__bool__", "__index__", "__format__", "size",
+            "dim", "numel", "stride", "tolist", "__hash__", "__iter__", "unsqueeze", "squeeze"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") not in self.FREE:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_decode_step_launches_at_most_24_ops_per_layer_and_35_around_them():
+    """At GRPO's decode shapes a step's time is set by how many kernels it launches (issue 49):
+    the ops of one decode step of generate, per transformer layer and outside the layers, counted
+    as the difference between 32 and 64 new tokens, for 1 and 2 layers (the eager path, which CUDA
+    graphs capture on a GPU; the stop sequences of a GRPO rollout included)."""
+    def per_step(n_layers):
+        counts = []
+        for new_tokens in (32, 64):
+            model = tiny_model(n_layers=n_layers, max_seq_len=128)
+            with torch.inference_mode(), CallCount() as count:
+                generate(model, [[1, 2, 3, 4, 5, 6, 7, 8]] * 4, new_tokens, seed=0,
+                         stop_ids=(96,), stop_sequences=[[94, 95, 96], [95, 96]])
+            counts.append(count.calls)
+        return (counts[1] - counts[0]) / 32
+    one, two = per_step(1), per_step(2)
+    per_layer, outside = two - one, 2 * one - two
+    assert per_layer <= 24 and outside <= 35, (per_layer, outside)
