@@ -192,10 +192,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def additive_mask(real: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
-    """real [B, S]: the key slots holding real tokens; slots [T]: the queries' slots -> the mask
-    SDPA adds to its scores, [B, 1, T, S] in dtype: 0 where a query sees a key (a real one at or
-    before its own slot, and always itself, so that a padded row never softmaxes over nothing),
-    -inf elsewhere. Made once per forward: given booleans, SDPA converts them in every layer."""
+    """real [B, S]: the key slots holding real tokens; slots [T]: the queries' -> [B, 1, T, S] in
+    dtype, added to SDPA's scores (which converts booleans in every layer): 0 where a query sees a
+    key (a real one up to its own slot; always itself: no padded row softmaxes over nothing)."""
     key_slots = torch.arange(real.shape[1], device=real.device)
     causal = key_slots[None, :] <= slots[:, None]  # [T, S]
     seen = (causal & real.bool()[:, None]) | (key_slots[None, :] == slots[:, None])  # [B, T, S]
@@ -209,11 +208,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # x * rsqrt(mean(x^2) + eps) * weight, normalised in fp32: one kernel on CUDA, and on the
-        # CPU in fp32 exactly what the checkpoints' code computes (in bf16 it rounds once, after
-        # the weight). The weight in the input's dtype, so that fp32 master weights under autocast
-        # compute as their bf16 copy does; CUDA's autocast returns fp32 here, which the next
-        # matrix product rounds to bf16 as the copy's norm would.
+        # normalised in fp32, one kernel on CUDA (on the CPU in fp32 the checkpoints' own sums); the
+        # weight in x's dtype, so that fp32 master weights under autocast compute as their bf16 copy
         return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
@@ -262,10 +258,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):  # Qwen3: each head's query and key normalised, before RoPE
-            # in the projections' dtype: CUDA's autocast would leave rms_norm's output in fp32
-            q = self.q_norm(q).to(q.dtype)
-            k = self.k_norm(k).to(k.dtype)
+        if hasattr(self, "q_norm"):  # Qwen3: each head's query and key normalised, before RoPE,
+            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)  # not in CUDA's fp32
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         # queries and keys rotated in one go: [B, n_heads + n_kv_heads, T, head_dim]
         qk = apply_rope(torch.cat((q, k), dim=2).transpose(1, 2), cos, sin)
@@ -520,10 +514,9 @@ class Transformer(nn.Module):
                 return_hidden=False):
         """ids [B, T] -> logits [B, T, vocab] (or the final normed hidden states [B, T, dim]).
         positions [B, T]: RoPE positions (default: real tokens counted from 0). attention_mask
-        [B, S]: real key slots (S = T, or cache.max_len with a cache), each query attending to the
-        real ones up to its own; or the additive mask itself [B, 1, T, S] (0 where a query sees a
-        key, -inf elsewhere), used as it is (the sampler's decode steps keep one). cache,
-        cache_index (int or 0-d tensor): k/v written at slots cache_index.., T of them.
+        [B, S]: real key slots (S = T, or cache.max_len with a cache), each query seeing the real
+        ones up to its own; or ready, additive_mask's [B, 1, T, S] (the sampler's decode steps).
+        cache, cache_index (int or 0-d tensor): k/v written at slots cache_index.., T of them.
         """
         B, T = ids.shape
         device = ids.device

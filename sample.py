@@ -125,16 +125,15 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     mask = torch.full((batch, 1, 1, max_len), float("-inf"), dtype=dtype, device=device)
     mask[:, 0, 0, :prompt_len].masked_fill_(real, 0.0)
     stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
-    sampling = (temperature, top_p, top_k, fused_sampling)
-    decoder = _Decoder(model, cache, mask, real.sum(-1), sampling, stop, pad_id, generator,
-                       prompt_len)
+    decoder = _Decoder(model, cache, mask, real.sum(-1), (temperature, top_p, top_k,
+                       fused_sampling), stop, pad_id, generator, prompt_len)
     decoder.record(first)
 
     use_graphs = cuda_graphs and device.type in FAST_PATH_DEVICES
     replay, shape = None, None  # the graph of the current batch size and bucket
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
-            alive = int((~decoder.stopped()).sum())  # the only host sync of the loop
+            alive = int((~decoder.stops[decoder.rows].any(-1)).sum())  # the loop's one host sync
             if alive == 0:
                 break
             if alive <= len(decoder.rows) // 2:
@@ -148,15 +147,13 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
         else:
             replay()
 
-    new = slice(prompt_len, prompt_len + max_new_tokens)  # the generated slots
-    stops = decoder.stops[:, new]
+    stops = decoder.stops[:, prompt_len:prompt_len + max_new_tokens]
     stopped = stops.any(-1)
-    lengths = torch.where(stopped, stops.int().argmax(-1) + 1, max_new_tokens)  # the first stop
+    lengths = torch.where(stopped, stops.int().argmax(-1) + 1, max_new_tokens)  # to the first stop
     n = int(lengths.max())
-    # what a row sampled after its end (until it left the batch) becomes padding
-    after = torch.arange(n, device=device) >= lengths[:, None]
-    tokens = decoder.tokens[:, new][:, :n].masked_fill(after, pad_id)
-    logprobs = decoder.logprobs[:, new][:, :n].masked_fill(after, 0.0)
+    after = torch.arange(n, device=device) >= lengths[:, None]  # sampled after the row's end
+    tokens = decoder.tokens[:, prompt_len:prompt_len + n].masked_fill(after, pad_id)
+    logprobs = decoder.logprobs[:, prompt_len:prompt_len + n].masked_fill(after, 0.0)
     fused = fused_sampling and isinstance(generator, torch.Generator)
     fast_paths = _fast_paths_used(device, cuda_graphs, fused, temperature, top_p, top_k)
     return Rollout(tokens, lengths, logprobs, stopped, fast_paths)
@@ -242,22 +239,19 @@ class _Decoder:
         self.generator = generator
         self.stop = stop  # [S, L] stop sequences, right-aligned; -1 pads
         self.stop_pad = stop < 0
-        # by cache slot, indexed by self.rows: the ids sampled, their log-probs, and whether a stop
-        # sequence ends there (a row's output is its slots after the prompt, to the first stop)
+        # by row and cache slot: the ids sampled, their log-probs, whether a stop sequence ends
         self.tokens = torch.full((batch, max_len), pad_id, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(batch, max_len, device=device)
         self.stops = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
         self.slot = torch.tensor(prompt_len, device=device)  # the slot of the token sampled last
         self.rows = torch.arange(batch, device=device)
         self.last = torch.zeros_like(self.rows)  # each row's latest token, fed next step
-        # each row's last L generated ids, oldest first; -1 (no id) until it has L: a stop sequence
-        # must be all generated
+        # each row's last L generated ids, oldest first; -1 until it has L (a stop is all generated)
         self.recent = torch.full((batch, stop.shape[1]), -1, dtype=torch.long, device=device)
         self.attend = max_len  # cache slots read by attention; set per bucket by the host
 
     def record(self, logits):
-        """Sample from logits [b, V] the rows' tokens of slot `slot`: their ids and log-probs, and
-        whether a stop sequence ends with them."""
+        """Sample slot `slot`'s tokens from logits [b, V]: ids, log-probs, a stop ending there."""
         temperature, top_p, top_k, fused = self.sampling
         ids, logprobs = sample_next(logits, temperature, top_p, top_k, self.generator, fused)
         column = (self.rows, self.slot.expand_as(self.rows))
@@ -280,12 +274,8 @@ class _Decoder:
         self.pos += 1
         self.record(self.model.lm_head(hidden[:, 0]))
 
-    def stopped(self) -> torch.Tensor:
-        """[b]: whether each row in the batch has generated a stop sequence."""
-        return self.stops[self.rows].any(-1)
-
     def compact(self):
-        keep = (~self.stopped()).nonzero()[:, 0]
+        keep = (~self.stops[self.rows].any(-1)).nonzero()[:, 0]  # the rows not stopped
         self.rows, self.last, self.recent, self.pos, self.mask = (
             t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.mask))
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
@@ -393,9 +383,7 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
         except Exception as error:
             # Triton builds its launcher with a C compiler on first use; a launch can fail
             fall_back(FUSED, "to compile or launch", error)
-    scaled = logits.float()
-    if temperature not in (0, 1):  # 0: greedy, on the log-probs of T = 1
-        scaled = scaled / temperature
+    scaled = logits.float() if temperature in (0, 1) else logits.float() / temperature  # 0: greedy
     logprobs = scaled.log_softmax(-1)
     if temperature == 0:
         ids = logprobs.argmax(-1)
