@@ -153,6 +153,9 @@ class TrainConfig:
     sft_steps: int = 0
     sft_batch_size: int = 32
     sft_lr: float = 1e-4
+    # the warm start's learning rate falls linearly to 0 over its steps (after the warm-up); False:
+    # constant. A decayed warm start settles on its data's rates (configs/demo_aha.py)
+    sft_lr_decay: bool = False
     # a train.py checkpoint (e.g. out/x/sft.pt) to start from instead of running the warm start
     init_from: str = ""
     # save the warm start's progress to ckpt.pt every N steps (and when stopped)

@@ -102,8 +102,10 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
                                          [targets[i] for i in picked],
                                          cfg.micro_batch_size, pad_id, device, autocast,
                                          cfg.logprob_chunk)
-                optimizer_step(model, optimizer, warmup_lr(cfg.sft_lr, step, cfg.warmup_steps),
-                               cfg.grad_clip, loss=loss)
+                lr = warmup_lr(cfg.sft_lr, step, cfg.warmup_steps)
+                if cfg.sft_lr_decay:  # linearly, to sft_lr / sft_steps at the last step
+                    lr *= 1 - (step - 1) / cfg.sft_steps
+                optimizer_step(model, optimizer, lr, cfg.grad_clip, loss=loss)
             except Exception as error:
                 # the weights are still step - 1's
                 if optimizer_updates(optimizer) == updates and step > first:

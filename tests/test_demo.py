@@ -307,3 +307,17 @@ def test_init_from_refuses_a_warm_start_of_another_split_and_data_seed_shares_on
     wider = {**shared.synthetic_args, "warm_ops": (1, 3)}  # another warm-start family: refused
     with pytest.raises(ValueError, match="was warm-started on another set"):
         train.train(dataclasses.replace(shared, synthetic_args=wider, out_dir=str(tmp_path / "wider")))
+
+
+@pytest.mark.parametrize("decay", [False, True])
+def test_sft_lr_decay_lowers_the_warm_starts_learning_rate_linearly(tmp_path, monkeypatch, decay):
+    import sft
+    lrs = []
+    real = sft.optimizer_step
+    monkeypatch.setattr(sft, "optimizer_step", lambda model, optimizer, lr, *args, **kwargs: (
+        lrs.append(lr), real(model, optimizer, lr, *args, **kwargs))[1])
+    train.train(tiny_config(tmp_path, sft_steps=4, sft_lr=1e-3, warmup_steps=2, max_steps=0,
+                            sft_lr_decay=decay))
+    ramp = [5e-4, 1e-3, 1e-3, 1e-3]  # the warm-up, then sft_lr
+    expected = [lr * (1 - i / 4) for i, lr in enumerate(ramp)] if decay else ramp
+    assert lrs == pytest.approx(expected)

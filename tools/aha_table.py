@@ -7,12 +7,12 @@ warm starts, and the final models sampled at T=1.
     python tools/aha_table.py --summary            # the tables of the runs already there
 
 Per warm start s: `python train.py configs/demo_aha.py --seed=s` (the warm start, then GRPO with RL seed s); then
-from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, and with RL seed s RFT (--method=rft), REINFORCE
-(--adv_baseline=none --adv_scale=none, no baseline) and the random-reward control (--random_reward at GRPO's
-training accuracy over its first 10 steps from that warm start). And one warm start without any
-re-check (seed 1337, cue_share and reflect_share 0: the same carry slips, no reflection to amplify), then GRPO.
+from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, the random-reward control with RL seeds s and s+1
+(--random_reward at GRPO's training accuracy over its first 10 steps from that warm start), and with RL seed s RFT
+(--method=rft) and REINFORCE (--adv_baseline=none --adv_scale=none, no baseline). And per seed s a warm start
+without any re-check (cue_share and reflect_share 0: the same carry slips, no reflection to amplify), then GRPO.
 Each final model and each warm start is then sampled 8 times per held-out question at T=1 (eval.py --n 8 --k 1,8).
-Every run uses one thread (two run side by side); the demo's result is the same on one or two threads.
+Every run uses one thread (two run side by side).
 """
 import json
 import os
@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from demo_table import ROOT, cell, early_accuracy, finished, read, run, table_main  # noqa: E402  (shared)
 
-CONFIG, STEPS = "configs/demo_aha.py", 100
+CONFIG = "configs/demo_aha.py"
+STEPS = runpy.run_path(os.path.join(ROOT, CONFIG))["max_steps"]
 METHODS = {"grpo": [], "rft": ["--method=rft"], "reinforce": ["--adv_baseline=none", "--adv_scale=none"],
            "random": None, "no_reflection": []}  # random: --random_reward=rate, per warm start
 
@@ -39,9 +40,10 @@ def no_reflection_args() -> str:
 
 def runs(out: str, seeds: list[int]) -> list[tuple[str, int, int, str]]:
     """(method, warm seed, RL seed, out_dir) of every run of the tables, those that train a warm start first."""
-    plan = [("grpo", s, s) for s in seeds] + [("no_reflection", seeds[0], seeds[0])]
+    plan = [("grpo", s, s) for s in seeds] + [("no_reflection", s, s) for s in seeds]
     for s in seeds:
-        plan += [("grpo", s, s + 1), ("rft", s, s), ("reinforce", s, s), ("random", s, s)]
+        plan += [("grpo", s, s + 1), ("random", s, s), ("random", s, s + 1), ("rft", s, s),
+                 ("reinforce", s, s)]
     return [(m, s, r, os.path.join(out, f"w{s}_{m}_{r}")) for m, s, r in plan]
 
 
@@ -88,21 +90,26 @@ def sample_final(model: str):
         raise RuntimeError(f"eval.py of {model} exited {code}; see {eval_dir}.log")
 
 
+def take_off(log: list[dict]) -> int | None:
+    """The first step at which reflect_rate's mean over the last 10 steps passes 0.5 (None: never)."""
+    rates = [r["reflect_rate"] for r in log]
+    return next((i + 10 for i in range(len(rates) - 9) if statistics.fmean(rates[i:i + 10]) > 0.5), None)
+
+
 def figures(out_dir: str) -> dict | None:
     """A run's figures: held-out greedy pass@1 at each evaluation; reflect_rate, entropy and response length over its
-    first and last 10 steps; the length ratio of the aha demo's target (last 10 steps over the steps in (50%, 60%]
-    of the run); and from the T=1 sampling of the final model pass@1, pass@8 and the accuracy of reflective and
-    other completions."""
+    first and last 10 steps, the length's ratio (last 10 over first 10) and the take-off step; and from the T=1
+    sampling of the final model pass@1, pass@8 and the accuracy of reflective and other completions."""
     evals, log = read(os.path.join(out_dir, "eval.jsonl")), read(os.path.join(out_dir, "log.jsonl"))
     if not evals or evals[-1]["step"] != STEPS:
         return None
-    mean, n = statistics.fmean, log[-1]["step"]
-    middle = [r["response_length"] for r in log if 0.5 * n < r["step"] <= 0.6 * n]
+    mean = statistics.fmean
     out = {"pass@1": [e["pass@1"] for e in evals], "gain": evals[-1]["pass@1"] - evals[0]["pass@1"],
+           "take_off": take_off(log),
            **{f"{key}_{part}": mean(r[key] for r in rows) if all(r.get(key) is not None for r in rows) else None
               for key in ("reflect_rate", "entropy", "response_length")  # RFT's supervised update logs no entropy
               for part, rows in (("first", log[:10]), ("last", log[-10:]))}}
-    out["length_ratio"] = out["response_length_last"] / mean(middle)
+    out["length_ratio"] = out["response_length_last"] / out["response_length_first"]
     for name, prefix in (("ckpt", "T1_"), ("sft", "warm_T1_")):
         path = os.path.join(out_dir, f"{name}_eval", "summary.json")
         if os.path.exists(path):
@@ -117,8 +124,8 @@ def summary(out: str, seeds: list[int]) -> str:
     """Per method: mean ± standard error (min..max) over its runs; then one line per run."""
     per_run = [(m, s, r, figures(d)) for m, s, r, d in runs(out, seeds)]
     rows = ["| method | runs | held-out pass@1 (%), first eval -> last | gain (points) | reflect_rate, first 10 "
-            "steps -> last 10 | length, last 10 steps / steps 51-60 | entropy, first 10 -> last 10 | T=1 pass@1 (%) "
-            "| T=1 pass@8 (%) |", "|---|---|---|---|---|---|---|---|---|"]
+            "steps -> last 10 | take-off by step 50 (runs) | length, last 10 steps / first 10 | entropy, first 10 -> "
+            "last 10 | T=1 pass@1 (%) | T=1 pass@8 (%) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for method in METHODS:
         done = [f for m, _, _, f in per_run if m == method and f]
         if not done:
@@ -128,6 +135,7 @@ def summary(out: str, seeds: list[int]) -> str:
         rows.append(f"| {method} | {len(done)} | {cell([f['pass@1'][0] for f in done], 100)} -> "
                     f"{cell([f['pass@1'][-1] for f in done], 100)} | {cell(get('gain'), 100)} | "
                     f"{cell(get('reflect_rate_first'), digits=3)} -> {cell(get('reflect_rate_last'), digits=3)} | "
+                    f"{sum(t is not None and t <= 50 for t in get('take_off'))} of {len(done)} | "
                     f"{cell(get('length_ratio'), digits=2)} | "
                     + (f"{cell(get('entropy_first'), digits=3)} -> {cell(get('entropy_last'), digits=3)} | "
                        if None not in get('entropy_first') else "not logged | ")
@@ -136,11 +144,13 @@ def summary(out: str, seeds: list[int]) -> str:
     def accuracy(value):
         return "n/a" if value is None else f"{100 * value:.1f}"
     rows += ["", "| method | warm start | RL seed | held-out pass@1 (%) at each eval | reflect_rate first 10 -> last 10 "
-             "| length ratio | T=1: reflect_rate, accuracy reflective / other (%) |", "|---|---|---|---|---|---|---|"]
+             "| take-off step | length ratio | T=1: reflect_rate, accuracy reflective / other (%) |",
+             "|---|---|---|---|---|---|---|---|"]
     for m, s, r, f in per_run:
         if f:
             rows.append(f"| {m} | {s} | {r} | {', '.join(f'{100 * p:.1f}' for p in f['pass@1'])} | "
-                        f"{f['reflect_rate_first']:.3f} -> {f['reflect_rate_last']:.3f} | {f['length_ratio']:.2f} | "
+                        f"{f['reflect_rate_first']:.3f} -> {f['reflect_rate_last']:.3f} | {f['take_off'] or 'never'} | "
+                        f"{f['length_ratio']:.2f} | "
                         + (f"{f['T1_reflect_rate']:.3f}, {accuracy(f['T1_accuracy_reflect'])} / "
                            f"{accuracy(f['T1_accuracy_unreflect'])} |" if "T1_pass@1" in f else " |"))
     rows += ["", "| warm start | model | T=1 pass@1 (%) | pass@8 (%) | reflect_rate | accuracy reflective / other (%) "
