@@ -51,9 +51,10 @@ max_new_tokens = 256  # a re-checked 4-line answer: about 190 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
 beta = 0.0
 max_steps = 60
-# small enough that the first 10 steps still see the warm start's rare re-check (3e-4 took off within
-# them), large enough that it takes off by step 30
-lr = 5e-5
+# small enough that the first 10 steps still see the warm start's rare re-check (at 3e-4 it took off
+# within them), large enough that it takes off by mid-run from every warm start (at 5e-5 two took
+# off only at step 52)
+lr = 8e-5
 warmup_steps = 5
 micro_batch_size = 128
 progress_keys = ("reward", "accuracy", "reflect_rate", "response_length", "loss")
