@@ -42,8 +42,8 @@ def runs(out: str, seeds: list[int]) -> list[tuple[str, int, int, str]]:
     """(method, warm seed, RL seed, out_dir) of every run of the tables, those that train a warm start first."""
     plan = [("grpo", s, s) for s in seeds] + [("no_reflection", s, s) for s in seeds]
     for s in seeds:
-        plan += [("grpo", s, s + 1), ("random", s, s), ("random", s, s + 1), ("rft", s, s),
-                 ("reinforce", s, s)]
+        plan += [("grpo", s, s + 1), ("random", s, s), ("random", s, s + 1)]
+    plan += [(m, s, s) for s in seeds for m in ("rft", "reinforce")]
     return [(m, s, r, os.path.join(out, f"w{s}_{m}_{r}")) for m, s, r in plan]
 
 
