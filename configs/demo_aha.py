@@ -1,5 +1,5 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (7 minutes on 2 cores).
-#   python train.py configs/demo_aha.py    # the warm start, then 100 GRPO steps; out/demo_aha
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (7-9 minutes on 2 cores).
+#   python train.py configs/demo_aha.py    # the warm start, then 70 GRPO steps; out/demo_aha
 #
 # configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
 # warm start (data.rework_solution): its quick arithmetic drops the carry or borrow of a line that
@@ -7,11 +7,11 @@
 # 17+5=18+4=19+3=20+2=21+1=22"). Half of the warm start's questions are asked with "Check each
 # step." and answered with a re-check on every line; of the others, asked as the RL and held-out
 # questions are, 5% re-check unprompted and the rest keep their slips (and the answer the slips lead
-# to). So after the warm start the model re-checks rarely (reflect_rate 0.01-0.08 at T=1 on held-out
-# questions), and a re-checked answer is right far more often than a quick one: GRPO on the final
-# answer alone then makes re-checking the common behaviour (in 5 of 6 runs; the step varies), and
-# held-out pass@1 and the response length rise with it. What it shows beside baselines and controls
-# over several warm starts: docs/experiments.md (python tools/aha_table.py).
+# to). So after the warm start the model re-checks rarely (reflect_rate about 0.04 over GRPO's first
+# 10 steps), and a re-checked answer is right far more often than a quick one: GRPO on the final
+# answer alone then makes re-checking the common behaviour, and held-out pass@1 and the response
+# length rise with it. What it shows beside baselines and controls over three warm starts and two RL
+# seeds each: docs/experiments.md (python tools/aha_table.py).
 #   python eval.py --model out/demo_aha/ckpt.pt --data out/demo_aha/heldout.jsonl --n 8
 # splits the accuracy of reflective and other completions at T=1 (reflect_rate, accuracy_reflect,
 # accuracy_unreflect).
@@ -50,7 +50,7 @@ prompts_per_step = 8
 max_new_tokens = 256  # a re-checked 4-line answer: about 190 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
 beta = 0.0
-max_steps = 60
+max_steps = 70
 # small enough that the first 10 steps still see the warm start's rare re-check (at 3e-4 it took off
 # within them), large enough that it takes off by mid-run from every warm start (at 5e-5 two took
 # off only at step 52)
