@@ -311,11 +311,10 @@ def test_init_from_refuses_a_warm_start_of_another_split_and_data_seed_shares_on
 
 @pytest.mark.parametrize("decay", [False, True])
 def test_sft_lr_decay_lowers_the_warm_starts_learning_rate_linearly(tmp_path, monkeypatch, decay):
-    import sft
     lrs = []
     real = sft.optimizer_step
-    monkeypatch.setattr(sft, "optimizer_step", lambda model, optimizer, lr, *args, **kwargs: (
-        lrs.append(lr), real(model, optimizer, lr, *args, **kwargs))[1])
+    monkeypatch.setattr(sft, "optimizer_step", lambda model, optimizer, lr, *args, **kwargs:
+                        lrs.append(lr) or real(model, optimizer, lr, *args, **kwargs))
     train.train(tiny_config(tmp_path, sft_steps=4, sft_lr=1e-3, warmup_steps=2, max_steps=0,
                             sft_lr_decay=decay))
     ramp = [5e-4, 1e-3, 1e-3, 1e-3]  # the warm-up, then sft_lr
