@@ -51,11 +51,12 @@ max_new_tokens = 256  # a re-checked 4-line answer: about 190 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
 beta = 0.0
 max_steps = 70
-# small enough that the first 10 steps still see the warm start's rare re-check (at 3e-4 it took off
-# within them), large enough that it takes off by mid-run from every warm start (at 5e-5 two took
-# off only at step 52)
-lr = 8e-5
-warmup_steps = 5
+# the learning rate climbs over 20 steps (the warm start's too), so the first 10 steps still see the
+# warm start's rare re-check, then it is large enough that the re-check takes off by mid-run from
+# every warm start. A 5-step climb to 8e-5 let one run re-check 0.105 over its first 10 steps while
+# another took off only at step 47 (docs/experiments.md, issue 50)
+lr = 1.2e-4
+warmup_steps = 20
 micro_batch_size = 128
 progress_keys = ("reward", "accuracy", "reflect_rate", "response_length", "loss")
 
