@@ -139,7 +139,7 @@ class TrainConfig:
     # optimization
     max_steps: int = 200
     lr: float = 1e-6
-    warmup_steps: int = 10
+    warmup_steps: int = 10  # the lr climbs linearly over these steps (the warm start's too)
     weight_decay: float = 0.0
     adam_betas: tuple = (0.9, 0.99)
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
