@@ -25,17 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from demo_table import ROOT, cell, early_accuracy, finished, read, run, table_main  # noqa: E402  (shared)
+from records import trailing_mean  # noqa: E402  (demo_table put the repo root on the path)
 
 CONFIG = "configs/demo_aha.py"
-STEPS = runpy.run_path(os.path.join(ROOT, CONFIG))["max_steps"]
+SETTINGS = runpy.run_path(os.path.join(ROOT, CONFIG))  # the config's variables
+STEPS = SETTINGS["max_steps"]
 METHODS = {"grpo": [], "rft": ["--method=rft"], "reinforce": ["--adv_baseline=none", "--adv_scale=none"],
            "random": None, "no_reflection": []}  # random: --random_reward=rate, per warm start
 
 
 def no_reflection_args() -> str:
     """configs/demo_aha.py's synthetic_args with no re-check in the warm start (the carry slips stay)."""
-    args = runpy.run_path(os.path.join(ROOT, CONFIG))["synthetic_args"]
-    return repr({**args, "cue_share": 0.0, "reflect_share": 0.0})
+    return repr({**SETTINGS["synthetic_args"], "cue_share": 0.0, "reflect_share": 0.0})
 
 
 def runs(out: str, seeds: list[int]) -> list[tuple[str, int, int, str]]:
@@ -92,8 +93,8 @@ def sample_final(model: str):
 
 def take_off(log: list[dict]) -> int | None:
     """The first step at which reflect_rate's mean over the last 10 steps passes 0.5 (None: never)."""
-    rates = [r["reflect_rate"] for r in log]
-    return next((i + 10 for i in range(len(rates) - 9) if statistics.fmean(rates[i:i + 10]) > 0.5), None)
+    means = trailing_mean([r["reflect_rate"] for r in log], 10)  # whole windows from the 10th step on
+    return next((i + 1 for i in range(9, len(means)) if means[i] > 0.5), None)
 
 
 def figures(out_dir: str) -> dict | None:
