@@ -100,10 +100,22 @@ class TrainConfig:
     # dynamic sampling's cap: draws of prompts_per_step questions per step, the first included; a
     # batch still short then is filled up with dropped groups (rollout.dynamic_groups)
     max_num_gen_batches: int = 4
-    # the loss: grpo.grpo_loss takes each of these keys as a keyword, with the same default
+    # the loss: grpo.loss_of builds it from these keys once, at set-up (grpo.grpo_loss takes each
+    # as a keyword, with the same default); named as TRL's GRPOConfig names them where it has them
+    # (its vllm_importance_sampling_* without the prefix), each switch off by default
     # the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (PPO's, DeepSeekMath's 0.2)
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher (0.28)
+    # INTELLECT-2's two-sided clip: the ratio also capped at delta (> 1 + clip_eps_high), which
+    # bounds a negative advantage's term; None = off
+    delta: float | None = None
+    # the policy term (grpo.POLICY_LOSSES): "clip" (PPO's, GRPO's), "cispo" (MiniMax-M1: the ratio
+    # capped at 1 + clip_eps_high and detached weighs A log pi, every token keeps its gradient;
+    # TRL's loss_type="cispo" with epsilon_high = 1 + clip_eps_high) or "sapo" (a soft gate
+    # sigmoid(tau (ratio - 1)) 4 / tau instead of the clip)
+    policy_loss: str = "clip"
+    sapo_temperature_pos: float = 1.0  # SAPO's tau where the advantage is > 0
+    sapo_temperature_neg: float = 1.05  # and where it is <= 0
     beta: float = 0.04  # KL weight; 0 = no reference model at all
     # grpo.KL_ESTIMATORS: "k3" (DeepSeekMath's), "k3_is", "k2" or "k1_reward"
     kl_estimator: str = "k3"
@@ -113,19 +125,44 @@ class TrainConfig:
     # sequence, the geometric mean of its token ratios, clipped per sequence; GSPO clips far
     # tighter: clip_eps 3e-4, clip_eps_high 4e-4)
     importance_sampling_level: str = "token"
-    # truncated importance sampling (Yao et al. 2025): each token's clipped policy-gradient term
-    # weighed by min(pi_old / pi_sampler, tis_cap), detached, correcting for the sampler's own
-    # numerics (a bf16 copy, a KV-cache decode); None = off. It is TRL's
-    # vllm_importance_sampling_mode="token_truncate" with this cap (TRL's default mode is
-    # "sequence_mask", with 3.0)
+    # the sampler correction (Yao et al. 2025): each token's policy term weighed by pi_old /
+    # pi_sampler, bounded, no grad, correcting for the sampler's own numerics (a bf16 copy, a
+    # KV-cache decode). Off by default (TRL's default is on, "sequence_mask" at 3.0)
+    importance_sampling_correction: bool = False
+    # "token_truncate" (each token's ratio clamped to [clip_min, clip_max]) | "token_mask" (0
+    # outside) | "sequence_truncate" | "sequence_mask" (one ratio per completion: the product of
+    # its tokens')
+    importance_sampling_mode: str = "sequence_mask"
+    importance_sampling_clip_max: float | None = 3.0  # None = no upper bound
+    importance_sampling_clip_min: float | None = None  # None = no lower bound
+    # tis_cap = C: importance_sampling_correction with importance_sampling_mode "token_truncate"
+    # and importance_sampling_clip_max C (truncated importance sampling, this repo's name for it
+    # before TRL's); None = off
     tis_cap: float | None = None
+    # DeepSeek-V3.2's off-policy sequence mask: a completion with a negative advantage whose mean
+    # log(pi_sampler / pi_theta) over its tokens exceeds this is left out of the policy term
+    # (0.5, say); None = off
+    off_policy_mask_threshold: float | None = None
+    # only this top fraction of the step's tokens by entropy carries the policy gradient ("Beyond
+    # the 80/20 rule", arXiv:2506.01939, recommends 0.2); 1.0 = every token
+    top_entropy_quantile: float = 1.0
+    # an entropy bonus: the loss less entropy_coef times the tokens' mean entropy (TRL's); 0 = off
+    entropy_coef: float = 0.0
+    # DAPO: the completions cut at max_new_tokens left out of the loss (not of their group's
+    # advantages), which averages over the others
+    mask_truncated_completions: bool = False
     # advantages (grpo.py)
     # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
     supervision: str = "outcome"
     # "both": advantage = outcome advantage + process_weight * process advantage
     process_weight: float = 1.0
     adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)
-    adv_scale: str = "std"  # "std" (GRPO) | "none" (Dr. GRPO)
+    # the std the advantages are divided by: "group" (GRPO) | "batch" (the std of the step's
+    # rewards: PPO-Lite, arXiv:2508.08221) | "none" (Dr. GRPO)
+    scale_rewards: str = "group"
+    # scale_rewards' older name: "std" (divided by a std: scale_rewards says which) | "none" (the
+    # same as scale_rewards="none")
+    adv_scale: str = "std"
     # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
     mu: int = 1
     # iterative GRPO: copy the policy into the reference every N steps (0 = never)

@@ -99,7 +99,8 @@ METRICS = (reward_metrics, accuracy_metrics, length_metrics, speed_metrics, grou
 def step_record(step: int, samples: Samples | None, stats: dict, cfg, template) -> dict:
     """The log record of a step: {"step"}, then METRICS of every rank's samples (a collective under
     torchrun; None: a step that sampled nothing, the SFT baselines), samples.stats, and the step's
-    own stats; a NaN (the KL without a reference) is logged as None. template: the run's
+    own stats. A value that is not a finite number (a reward function's nan, say) is a
+    FloatingPointError naming it: the log holds numbers only. template: the run's
     template.Template (completion_flags reads its tags)."""
     record = {"step": step}
     if samples is not None:
@@ -108,8 +109,11 @@ def step_record(step: int, samples: Samples | None, stats: dict, cfg, template) 
             record.update(metric(samples, cfg, template))
         record.update(samples.stats)
     record.update(stats)
-    return {key: None if isinstance(value, float) and math.isnan(value) else value
-            for key, value in record.items()}
+    bad = {key: value for key, value in record.items()
+           if isinstance(value, float) and not math.isfinite(value)}
+    if bad:
+        raise FloatingPointError(f"the step's {', '.join(f'{k} is {v}' for k, v in bad.items())}")
+    return record
 
 
 def progress(record: dict, keys: tuple) -> dict:

@@ -31,8 +31,8 @@ from data import load_problems
 from distributed import (broadcast_weights, copy_weights, from_every_rank, init_distributed,
                          leave_together, rank, sharded, spread)
 from eval import held_out_eval
-from grpo import (add_logprobs, advantages_of, configure_optimizer, make_micro_batches,
-                  set_advantages, update, warmup_lr)
+from grpo import (Loss, add_logprobs, advantages_of, configure_optimizer, loss_of,
+                  make_micro_batches, mark_high_entropy, set_advantages, update, warmup_lr)
 from model import Transformer, resolve_device, set_attention_backends
 from records import Tracker, progress, shown_samples, step_record
 from reward_models import load_rewards
@@ -51,6 +51,7 @@ class Run:
     sampler: Transformer  # generates rollouts: the policy itself, or its bf16 copy on CUDA
     reference: Transformer | None  # frozen KL anchor (beta > 0 without LoRA)
     optimizer: torch.optim.Optimizer
+    loss: Loss  # what the update minimises, built from the config's loss keys (grpo.loss_of)
     stream: QuestionStream  # the order of the training questions
     tokenizer: typing.Any
     template: Template  # the prompt and the tags (template.py)
@@ -135,8 +136,9 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     # 1. rollout: group_size completions of prompts_per_step questions, sampled, scored, shaped
     samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
+    trained = samples.stopped if cfg.mask_truncated_completions else None  # DAPO: no truncated
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
-                                 run.tokenizer.pad_token_id, device, samples.logprobs)
+                                 run.tokenizer.pad_token_id, device, samples.logprobs, trained)
     # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too
     if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy without its adapters
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
@@ -145,6 +147,9 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if cfg.mu > 1:
         add_logprobs(run.policy, batches, "old_logp", cfg.temperature, cfg.logprob_chunk,
                      run.autocast)
+    if cfg.top_entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
+        mark_high_entropy(run.policy, batches, cfg.top_entropy_quantile, cfg.temperature,
+                          cfg.logprob_chunk, run.autocast)
     # 3. advantages: the rewards normalised within each group
     set_advantages(batches, advantages_of(samples, batches, cfg))
     if device.type == "cuda":
@@ -152,7 +157,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     t2 = time.perf_counter()
     # 4. update: mu optimizer steps on the clipped objective, whole-batch normalisers
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
-    stats = update(run.policy, run.optimizer, batches, cfg, lr, run.autocast, run.ddp)
+    stats = update(run.policy, run.optimizer, batches, run.loss, cfg, lr, run.autocast, run.ddp)
     # 5. sync the sampler: it generates the next step's rollout with the new weights
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
@@ -219,6 +224,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     ddp = spread(policy, cfg.sharding, device)  # torchrun: DDP replicas, or FSDP2 shards
     run = Run(policy=policy, sampler=sampler, reference=reference,
               optimizer=configure_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.adam_betas),
+              loss=loss_of(cfg),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer,
               template=template, problems=problems, prompts=prompts, heldout=heldout,
               autocast=autocast, ddp=ddp, warm_set=fingerprint(warm), run_id=run_id,

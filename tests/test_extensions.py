@@ -35,22 +35,44 @@ def samples_of(rewards, lengths=None, correct=None, problems=None):
 # the loss's settings: listed once
 
 
-def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_reach_grpo_loss(tmp_path, monkeypatch):
-    """The loss's knobs are grpo_loss's keywords after sampler_logp, each a config key with the same default, and
-    the update passes each one from the config."""
-    parameters = list(inspect.signature(grpo_loss).parameters.values())
+LOSS_KEYS = ["clip_eps", "clip_eps_high", "beta", "kl_estimator", "loss_agg", "importance_sampling_level", "tis_cap",
+             "policy_loss", "delta", "sapo_temperature_pos", "sapo_temperature_neg", "importance_sampling_correction",
+             "importance_sampling_mode", "importance_sampling_clip_max", "importance_sampling_clip_min",
+             "off_policy_mask_threshold", "top_entropy_quantile", "entropy_coef"]
+
+
+def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_build_the_runs_loss(tmp_path, monkeypatch):
+    """The loss's knobs are grpo_loss's keywords after sampler_logp (before its keyword-only tensors), each a config
+    key with the same default; loss_of reads every one of them, and the run's loss is loss_of of its config."""
+    parameters = [p for p in inspect.signature(grpo_loss).parameters.values() if p.kind != p.KEYWORD_ONLY]
     knobs = parameters[[p.name for p in parameters].index("sampler_logp") + 1:]
-    assert [p.name for p in knobs] == ["clip_eps", "clip_eps_high", "beta", "kl_estimator", "loss_agg",
-                                       "importance_sampling_level", "tis_cap"]
+    assert [p.name for p in knobs] == LOSS_KEYS
     assert all(getattr(TrainConfig(), p.name) == p.default for p in knobs)
+
+    class Reading:  # records which settings loss_of reads
+        def __init__(self, **settings):
+            self.settings, self.read = settings, set()
+
+        def __getattr__(self, name):
+            self.read.add(name)
+            return self.settings[name]
+    for changed in ({}, {"tis_cap": None, "importance_sampling_correction": True}, {"tis_cap": 2.0},
+                    {"policy_loss": "sapo"}, {"delta": 2.0}, {"top_entropy_quantile": 0.5},
+                    {"off_policy_mask_threshold": 0.5}, {"entropy_coef": 0.1}):
+        settings = Reading(**{**{p.name: p.default for p in knobs}, **changed})
+        grpo.loss_of(settings)
+        assert settings.read >= set(changed), changed
+    every = Reading(**{**{p.name: p.default for p in knobs}, "importance_sampling_correction": True,
+                       "policy_loss": "sapo"})
+    grpo.loss_of(every)
+    assert every.read == set(LOSS_KEYS)
     seen = []
-    real = grpo.grpo_loss
-    monkeypatch.setattr(grpo, "grpo_loss", lambda *args, **kwargs: seen.append(kwargs) or real(*args, **kwargs))
+    real = train.loss_of
+    monkeypatch.setattr(train, "loss_of", lambda cfg: seen.append(cfg) or real(cfg))
     cfg = tiny(tmp_path, max_steps=1, clip_eps=0.1, clip_eps_high=0.3, beta=0.05, kl_estimator="k2",
                loss_agg="token_mean", importance_sampling_level="sequence", tis_cap=1.5)
     train.train(cfg)
-    assert seen and all({p.name: kwargs[p.name] for p in knobs} == {p.name: getattr(cfg, p.name) for p in knobs}
-                        for kwargs in seen)
+    assert seen == [cfg]
     with pytest.raises(TypeError, match="unexpected keyword argument 'clip'"):
         grpo_loss(torch.zeros(1, 1), None, None, torch.zeros(1), torch.ones(1, 1), clip=0.1, beta=0.0)
     with pytest.raises(ValueError, match="config: importance_sampling_level must be one of"):

@@ -174,15 +174,14 @@ class Spy:
 
 def test_a_process_supervised_run_takes_two_steps_with_per_token_advantages_in_the_loss(tmp_path, monkeypatch):
     cfg = tiny(tmp_path, supervision="process", micro_batch_size=1, max_new_tokens=12)
-    losses = Spy(monkeypatch, "grpo_loss")  # after the config: validate() dry-runs grpo_loss
+    terms = Spy(monkeypatch, "terms_of")  # what the loss reads, per micro-batch
     train.train(cfg)
     assert log_steps(tmp_path) == [1, 2]
     with open(tmp_path / "log.jsonl") as f:
         assert all(0 <= json.loads(line)["process_reward"] <= 1 for line in f)
-    assert len(losses.calls) == 2 * 4  # two steps of four one-row micro-batches
-    for args, _, _ in losses.calls:
-        logp, advantages, mask = args[0], args[3], args[4]
-        assert advantages.shape == logp.shape == mask.shape  # [1, N]: this micro-batch's columns
+    assert len(terms.calls) == 2 * 4  # two steps of four one-row micro-batches
+    for _, _, x in terms.calls:
+        assert x.advantages.shape == x.logp.shape == x.mask.shape  # [1, N]: this micro-batch's columns
 
 
 def test_both_adds_the_outcome_advantage_to_process_weight_times_the_process_one(tmp_path, monkeypatch):
@@ -192,19 +191,19 @@ def test_both_adds_the_outcome_advantage_to_process_weight_times_the_process_one
     cfg = tiny(tmp_path, supervision="both", process_weight=0.5, micro_batch_size=3, max_steps=1, max_new_tokens=12)
     torch.manual_seed(0)
     process = Spy(monkeypatch, "process_advantages", replace=lambda rewards, ends, G, T, mask: torch.randn(len(rewards), T))
-    outcome, losses = Spy(monkeypatch, "group_advantages"), Spy(monkeypatch, "grpo_loss")
+    outcome, terms = Spy(monkeypatch, "group_advantages"), Spy(monkeypatch, "terms_of")
     train.train(cfg)
     expected = outcome.calls[-1][2][:, None] + 0.5 * process.calls[-1][2]
-    assert all(args[3].shape == args[0].shape for args, _, _ in losses.calls)
-    rows = [row for args, _, _ in losses.calls for row in args[3]]
+    assert all(x.advantages.shape == x.logp.shape for _, _, x in terms.calls)
+    rows = [row for _, _, x in terms.calls for row in x.advantages]
     assert len(rows) == 4 and all(any(torch.allclose(row, full[:len(row)]) for full in expected) for row in rows)
 
 
 def test_outcome_supervision_keeps_one_advantage_per_completion(tmp_path, monkeypatch):
     cfg = tiny(tmp_path, max_steps=1)
-    losses = Spy(monkeypatch, "grpo_loss")
+    terms = Spy(monkeypatch, "terms_of")
     train.train(cfg)
-    assert losses.calls and all(args[3].dim() == 1 for args, _, _ in losses.calls)
+    assert terms.calls and all(args[0].advantages.dim() == 1 for args, _, _ in terms.calls)
     with open(tmp_path / "log.jsonl") as f:
         assert "process_reward" not in json.loads(f.readline())
 

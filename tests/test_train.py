@@ -11,8 +11,8 @@ import train
 from conftest import qwen_tokenizer_dir
 from data import load_gsm8k, write_jsonl
 from template import CharTokenizer
-from grpo import (MicroBatch, add_logprobs, completion_logprobs, configure_optimizer, make_micro_batches, pack,
-                  policy_gradient, set_advantages)
+from grpo import (MicroBatch, add_logprobs, completion_logprobs, configure_optimizer, loss_of, make_micro_batches,
+                  pack, policy_gradient, set_advantages)
 from model import ModelConfig, Transformer
 from sample import generate
 from sft import sft_text
@@ -197,7 +197,7 @@ def test_micro_batched_gradients_and_stats_equal_the_full_batch():
             set_advantages(batches, advantages)
             cfg = TrainConfig(loss_agg=loss_agg, beta=0.1, logprob_chunk=4)
             add_logprobs(reference, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk, no_autocast)
-            stats.append(policy_gradient(model, batches, cfg, no_autocast))
+            stats.append(policy_gradient(model, batches, loss_of(cfg), cfg, no_autocast))
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         assert torch.allclose(grads[0], grads[1], atol=1e-6), loss_agg
         assert stats[0].keys() == stats[1].keys() >= {"loss", "kl", "entropy", "ratio_mean", "clip_frac_low"}
@@ -234,7 +234,7 @@ def test_grpo_updates_raise_the_reward_on_a_toy_task():
         rewards = torch.tensor([float(c[0] % 2 == 0) for c in completions])
         batches = make_micro_batches(batch_prompts, completions, 16, 0, "cpu")
         set_advantages(batches, group_advantages(rewards, 8))
-        policy_gradient(model, batches, cfg, torch.autocast("cpu", enabled=False))
+        policy_gradient(model, batches, loss_of(cfg), cfg, torch.autocast("cpu", enabled=False))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     assert 0.3 < before < 0.7 and p_even() > before + 0.2, (before, p_even())

@@ -97,16 +97,19 @@ def records(path: str, keys=None) -> list[dict]:
                 for line in f]
 
 
-def same_run(a: str, b: str, new_keys: bool = False) -> list[str]:
+def same_run(a: str, b: str, new_keys: bool = False, nulls_dropped: bool = False) -> list[str]:
     """What differs between two finished runs in out_dirs a and b: every JSONL log (the step logs, the evaluations'
-    completions, the samples; timing fields aside; new_keys: b may log keys a does not, as newer code does), the
-    checkpoint's weights, reference, AdamW state, data order and step, the warm start's weights, the export."""
+    completions, the samples; timing fields aside; new_keys: b may log keys a does not, as newer code does;
+    nulls_dropped: a key logged as null counts as left out, in either, as code that logs numbers only leaves it out), the checkpoint's
+    weights, reference, AdamW state, data order and step, the warm start's weights, the export."""
     import torch
     differ = []
     for name in sorted(n for n in os.listdir(a) if n.endswith(".jsonl")):
         mine = records(os.path.join(a, name))
         theirs = records(os.path.join(b, name), {k for r in mine for k in r} if new_keys else None) \
             if os.path.exists(os.path.join(b, name)) else None
+        if nulls_dropped and theirs is not None:
+            mine, theirs = ([{k: v for k, v in r.items() if v is not None} for r in log] for log in (mine, theirs))
         if mine != theirs:
             differ.append(name)
     for name in ("ckpt.pt", "sft.pt"):

@@ -40,6 +40,7 @@ RUNS = {
     "dapo": FROM_WARM + SMALL + ["--dynamic_sampling", "--max_num_gen_batches=3", "--overlong_buffer_len=32",
                                  "--loss_agg=token_mean"],
     "reinforce": FROM_WARM + SMALL + ["--adv_baseline=none", "--adv_scale=none"],
+    "tis": FROM_WARM + SMALL + ["--beta=0.04", "--tis_cap=1.0", "--mu=2"],
     "rft": ["configs/demo_rft.py"] + FROM_WARM + SMALL,
     "sft_answers": ["configs/demo_sft_answers.py"] + FROM_WARM + SMALL,
     "sft_more": ["configs/demo_sft_more.py"] + FROM_WARM + SMALL,
@@ -75,6 +76,8 @@ def main():
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"))
     parser.add_argument("--new_keys", action="store_true", help="with --compare: DIR_B may log keys DIR_A does not")
+    parser.add_argument("--nulls_dropped", action="store_true",
+                        help="with --compare: DIR_B may leave out a key DIR_A logs as null (code that logs numbers only)")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or list(RUNS)
     if args.compare:
@@ -84,7 +87,7 @@ def main():
         failed = 0
         for name in names:
             a, b = (os.path.join(d, name) for d in args.compare)
-            differ = same_run(a, b, new_keys=args.new_keys) if os.path.isdir(a) and os.path.isdir(b) else ["missing"]
+            differ = same_run(a, b, new_keys=args.new_keys, nulls_dropped=args.nulls_dropped) if os.path.isdir(a) and os.path.isdir(b) else ["missing"]
             failed += bool(differ)
             print(f"{name:12s} " + ("the same, bit for bit" if not differ else f"DIFFERENT: {', '.join(differ)}"))
         sys.exit(1 if failed else 0)
