@@ -1,25 +1,29 @@
 """
 GRPO's "learn" (DeepSeekMath, arXiv:2402.03300): the log-probs of the sampled tokens, the
-advantages, the clipped objective and its variants, and the micro-batched update that keeps them
-exact, in the order a step reads them:
+advantages, the loss and its variants, and the micro-batched update that keeps them exact, in the
+order a step reads them:
 
+    loss = loss_of(cfg)  # once, at set-up: one part of each table, settings bound
     batches = make_micro_batches(prompts, completions, size, pad_id, device, sampler_logprobs)
     add_logprobs(reference, batches, "ref_logp", temperature, chunk, autocast)  # beta > 0: anchor
     set_advantages(batches, advantages_of(samples, batches, cfg))  # per completion or per token
-    stats = update(policy, optimizer, batches, cfg, lr, autocast)  # mu optimizer steps on grpo_loss
+    stats = update(policy, optimizer, batches, loss, cfg, lr, autocast)  # mu optimizer steps
 
-The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE), process_advantages
-(per-step rewards), grpo_loss (PPO-clipped ratio per token or GSPO's per sequence, DAPO's
-clip-higher, truncated importance sampling, a KL penalty by one of KL_ESTIMATORS, three loss
-aggregations), kl_penalized_rewards (the KL in the reward instead). Which KL each estimator's
-gradient follows is said once, in docs/guide.md ("The KL term"). The settings are config keys,
-checked once when the config loads (check_settings, at the end of this file), trusted here.
+The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE; group or batch
+std), process_advantages (per-step rewards), kl_penalized_rewards (the KL in the reward), and the
+loss's parts, one table per kind (IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, the masks,
+IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS, the entropy bonus, LOSS_AGGS), each a short function
+with its paper; grpo_loss computes any of them in one call. Which KL each estimator's gradient
+follows is said once, in docs/guide.md ("The KL term"). The settings are config keys, checked once
+when the config loads (check_settings, at the end of this file), trusted here.
 
 The normaliser contract: a micro-batch's loss is divided by the WHOLE batch's sequence or token
 count (every rank's under torchrun), fixed before the micro-batch loop, so the micro-batches'
 gradients add up to the whole batch's exactly, however the rows are split (policy_gradient keeps
-it). The full-vocabulary logits of a micro-batch never exist at once: lm_head and log_softmax run a
-chunk of tokens at a time (completion_logprobs).
+it). Three masks: `mask` the completion tokens (scored, measured), `loss_mask` those the loss
+trains on and normalises over, `policy_mask` those whose policy term counts. The full-vocabulary
+logits of a micro-batch never exist at once: lm_head and log_softmax run a chunk of tokens at a
+time (completion_logprobs).
 """
 import dataclasses
 import math

@@ -112,7 +112,8 @@ def test_bandwidth_bound_counts_weights_and_the_growing_cache():
 def test_trl_step_generates_the_same_batch_once(rows):
     """One TRL step consumes prompts x G fresh completions, as one grpo_step, also when it accumulates micro-batches
     (128 rows: 2 x 64, the full workload's way)."""
-    pytest.importorskip("trl", reason="trl is optional (pip install trl datasets): TRL's side of bench.py")
+    for package in ("trl", "datasets", "pandas"):  # the test requirements install trl alone, without its dependencies
+        pytest.importorskip(package, reason=f"needs {package} (pip install trl datasets): TRL's side of bench.py")
     work = {**bench.WORKLOADS["tiny"], **rows}
     trl = bench.bench_trl(bench.SHAPES["tiny"], work, *resolve_device("cpu"), beta=0.04, micro=bench.micro_batch(work))
     assert trl["completions_per_step"] == [work["prompts"] * work["group"]] * work["steps"]

@@ -47,7 +47,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the library's modules, from tools/
 from config import TrainConfig  # noqa: E402
-from grpo import configure_optimizer  # noqa: E402
+from grpo import configure_optimizer, loss_of  # noqa: E402
 import sample  # noqa: E402
 from model import KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
 from records import step_record  # noqa: E402
@@ -212,6 +212,7 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     template = template_of(cfg.template)
     run = Run(policy=policy, sampler=sampler, reference=reference, optimizer=configure_optimizer(policy, cfg.lr),
+              loss=loss_of(cfg),
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template,
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
               autocast=autocast, sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
