@@ -234,6 +234,11 @@ class TrainConfig:
     # on CUDA, the sampler's fused Triton kernel draws the tokens; False: torch ops (other draws,
     # the same distribution). A kernel that fails to build or launch falls back to the torch ops
     fused_sampling: bool = True
+    # on CUDA, the sampler's decode steps run the model's layers in fused Triton kernels
+    # (kernels.decode_step: fused q/k/v and gate/up products, RoPE with the cache write, attention
+    # over each row's real keys, add + RMSNorm, SiLU·mul); False: the model's torch forward (the
+    # same function, other roundings). A kernel that fails to build or launch falls back to it
+    fused_decode: bool = True
 
     @property
     def warm_starts(self) -> bool:

@@ -338,6 +338,9 @@ def main(argv=None):
                         help="decode with the plain eager loop on CUDA")
     parser.add_argument("--no_fused_sampling", action="store_true",
                         help="sample with torch ops, not the fused Triton " "kernel, on CUDA")
+    parser.add_argument("--no_fused_decode", action="store_true",
+                        help="decode with the model's torch forward, not the fused Triton kernels, "
+                        "on CUDA")
     parser.add_argument("--out", default="",
                         help="output dir (default: CKPT_eval/ beside a .pt, else out/eval/NAME)")
     args = parser.parse_args(argv)
@@ -369,6 +372,8 @@ def main(argv=None):
         # a checkpoint holds its own
         template = template_of(args.template or run_config.get("template", "r1_zero"))
     model.to(device)
+    if device.type == "cuda":  # one matrix product per projection group (kernels.decode_step)
+        model.fuse_projections()
     max_new_tokens = args.max_new_tokens or run_config.get("max_new_tokens", 512)
     batch_size = args.batch_size or run_config.get("eval_batch_size", 64)
     answer_checker = args.answer_checker if args.answer_checker != "auto" else \
@@ -386,7 +391,8 @@ def main(argv=None):
     sampling = sampling_of(tokenizer, template, max_new_tokens, temperature, top_p=args.top_p,
                            top_k=args.top_k,
                            cuda_graphs=not args.no_cuda_graphs,
-                           fused_sampling=not args.no_fused_sampling)
+                           fused_sampling=not args.no_fused_sampling,
+                           fused_decode=not args.no_fused_decode)
     summary = evaluate(model, tokenizer, rows, sampling, Scoring(template, {}, answer_checker),
                        n=args.n, ks=ks,
                        batch_size=batch_size, seed=args.seed,

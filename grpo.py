@@ -154,7 +154,9 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
 def _chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
     """hidden [M, dim], targets [M] -> (each target's log-prob [M] fp32, each position's entropy [M]
     (with grad only for entropy="tokens") or None)."""
-    logits = lm_head(hidden).float() / temperature
+    logits = lm_head(hidden).float()  # [M, V]
+    if temperature != 1:  # a division by 1 would copy the logits for nothing
+        logits = logits / temperature
     log_z = logits.logsumexp(dim=-1)
     chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
     if entropy is None:

@@ -359,6 +359,17 @@ class LoRALinear(nn.Module):
         return base + self.scale * low_rank
 
 
+def _fused(*parameters: nn.Parameter) -> torch.Tensor:
+    """The parameters' values in one tensor, stacked along their first dimension; each parameter
+    becomes a view of its rows."""
+    whole = torch.cat([p.data for p in parameters])
+    start = 0
+    for p in parameters:
+        p.data = whole[start:start + p.shape[0]]
+        start += p.shape[0]
+    return whole
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -428,6 +439,22 @@ class Transformer(nn.Module):
         """A copy in dtype that never trains: the sampler's bf16 copy on GPU, the KL's reference
         model."""
         return copy.deepcopy(self).to(dtype=dtype).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def fuse_projections(self) -> "Transformer":
+        """Keep each block's q/k/v projections (weights and biases), and its gate/up ones, in one
+        tensor each (attn.qkv_weight, attn.qkv_bias, mlp.gate_up_weight), the layers' own weights
+        views of it: the forward and the state_dict are unchanged, copy_weights writes through the
+        views, and kernels.decode_step runs one matrix product per group. For the sampler's copy,
+        on its device and in its dtype (moving the model afterwards would part the views from the
+        fused tensors). Returns self."""
+        for block in self.layers:
+            attn, mlp = block.attn, block.mlp
+            attn.qkv_weight = _fused(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+            attn.qkv_bias = (_fused(attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)
+                             if attn.q_proj.bias is not None else None)
+            mlp.gate_up_weight = _fused(mlp.gate_proj.weight, mlp.up_proj.weight)
+        return self
 
     @contextmanager
     def adapters_disabled(self):

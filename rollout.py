@@ -136,12 +136,14 @@ class Sampling:
     top_k: int = 0
     cuda_graphs: bool = True  # the sampler's GPU-only fast paths (sample.generate)
     fused_sampling: bool = True
+    fused_decode: bool = True
 
 
 def sampling_of(tokenizer, template: Template, max_new_tokens: int, temperature: float,
                 **settings) -> Sampling:
     """A Sampling for this tokenizer and template: the stops are the end-of-text ids and the answer
-    close tag as the tokenizer writes it; settings: top_p, top_k, cuda_graphs, fused_sampling."""
+    close tag as the tokenizer writes it; settings: top_p, top_k, cuda_graphs, fused_sampling,
+    fused_decode."""
     return Sampling(max_new_tokens, temperature, stop_sequences(tokenizer, template),
                     set(stop_token_ids(tokenizer)), **settings)
 
@@ -226,7 +228,7 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     rollout = generate(model, prompts, sampling.max_new_tokens, temperature=sampling.temperature,
                        top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops,
                        seed=seed, pad_id=tokenizer.pad_token_id, cuda_graphs=sampling.cuda_graphs,
-                       fused_sampling=sampling.fused_sampling)
+                       fused_sampling=sampling.fused_sampling, fused_decode=sampling.fused_decode)
     lengths = rollout.lengths.tolist()
     stopped = rollout.stopped.tolist()
     completions = [row[:n] for row, n in zip(rollout.tokens.tolist(), lengths)]

@@ -11,11 +11,13 @@ shapes): it keeps its attention mask in the additive form SDPA computes with, op
 step, and records each sampled id, its log-prob and whether a stop sequence ends there by cache
 slot; a row's output is read once at the end, up to its first stop.
 
-The two GPU-only fast paths, CUDA graphs and the fused Triton sampling kernel (config keys
-cuda_graphs and fused_sampling), fall back to the eager torch path, the one the CPU tests run, on
+The three GPU-only fast paths, CUDA graphs, the fused Triton sampling kernel and the fused decode
+kernels (kernels.py: the model's layers for one token per row; config keys cuda_graphs,
+fused_sampling and fused_decode), fall back to the eager torch path, the one the CPU tests run, on
 their first failure (a compile, a launch, a capture): one line says so, the path stays off for the
 rest of the process (fall_back), and every Rollout says which fast paths decoded it
-(Rollout.fast_paths; the step's log records it).
+(Rollout.fast_paths; the step's log records it). generate chooses its decode step once: the
+model's forward or the fused kernels, each eager or replayed as CUDA graphs.
 
 Log-probs are those of log_softmax(logits / T) in fp32, before top-p/top-k truncation: with top_p <
 1 or top_k > 0 tokens are drawn from the truncated distribution, so the samples are off-policy with
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import kernels
 from model import KVCache
 
 try:  # CUDA only: fuses the sampling epilogue into one read of the logits
@@ -44,8 +47,9 @@ FAST_PATH_DEVICES = ("cuda",)  # where CUDA graphs and the Triton kernel are tri
 # the fast paths, by the names fall_back says
 GRAPHS = "CUDA graphs"
 FUSED = "the fused Triton sampling kernel"
+FUSED_DECODE = "the fused decode kernels"
 # each fast path's config key (and generate argument)
-SWITCHES = {GRAPHS: "cuda_graphs", FUSED: "fused_sampling"}
+SWITCHES = {GRAPHS: "cuda_graphs", FUSED: "fused_sampling", FUSED_DECODE: "fused_decode"}
 # fast path -> the line fall_back said: the paths that failed in this process, off from then on
 FALLEN_BACK = {}
 
@@ -81,14 +85,16 @@ class Rollout:
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(),
              stop_sequences=(), seed=None, pad_id=0, cuda_graphs=True,
-             fused_sampling=True) -> Rollout:
+             fused_sampling=True, fused_decode=True) -> Rollout:
     """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens tokens.
     A row ends right after it generates the last id of a stop sequence (a list of ids, as the tokens
     of "</answer>"; each of stop_ids is one of one id), kept in its output; one lying partly in the
     prompt does not count. temperature 0 is greedy; top_p / top_k truncate (off-policy: module
     docstring). The same seed on the same device gives the same output; None draws one; a list
     gives each row its own generator, so its samples do not depend on the batch (the eager loop).
-    cuda_graphs, fused_sampling: the GPU fast paths, each falling back to the eager one by itself.
+    cuda_graphs, fused_sampling, fused_decode: the GPU fast paths (fused_decode: the model's layers
+    in kernels.decode_step, for a model made for it: Transformer.fuse_projections), each falling
+    back to the eager torch path by itself.
     """
     _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
     device = model.lm_head.weight.device
@@ -129,8 +135,14 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
                        fused_sampling), stop, pad_id, generator, prompt_len)
     decoder.record(first)
 
-    use_graphs = cuda_graphs and device.type in FAST_PATH_DEVICES
-    replay, shape = None, None  # the graph of the current batch size and bucket
+    # the decode step, chosen once: the model's forward or the fused kernels, each eager or
+    # replayed as CUDA graphs
+    step = decoder.step
+    if fused_decode and device.type in FAST_PATH_DEVICES and FUSED_DECODE not in FALLEN_BACK \
+            and kernels.possible(model, device):
+        step = _until_it_fails(decoder.fused_step, decoder.step, FUSED_DECODE)
+    if cuda_graphs and device.type in FAST_PATH_DEVICES:
+        step = _Graphed(step, decoder, generator, device)
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
             alive = int((~decoder.stops[decoder.rows].any(-1)).sum())  # the loop's one host sync
@@ -139,13 +151,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
             if alive <= len(decoder.rows) // 2:
                 decoder.compact()
         decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
-        if not use_graphs or GRAPHS in FALLEN_BACK:
-            decoder.step()
-        elif (len(decoder.rows), decoder.attend) != shape:  # a new batch size or bucket
-            replay, shape = None, (len(decoder.rows), decoder.attend)
-            replay = _captured(decoder.step, generator, device)  # decodes this step, captures it
-        else:
-            replay()
+        step()
 
     stops = decoder.stops[:, prompt_len:prompt_len + max_new_tokens]
     stopped = stops.any(-1)
@@ -156,7 +162,43 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     logprobs = decoder.logprobs[:, prompt_len:prompt_len + n].masked_fill(after, 0.0)
     fused = fused_sampling and isinstance(generator, torch.Generator)
     fast_paths = _fast_paths_used(device, cuda_graphs, fused, temperature, top_p, top_k)
+    if fused_decode and device.type in FAST_PATH_DEVICES:
+        fast_paths[SWITCHES[FUSED_DECODE]] = (kernels.possible(model, device)
+                                              and FUSED_DECODE not in FALLEN_BACK)
     return Rollout(tokens, lengths, logprobs, stopped, fast_paths)
+
+
+def _until_it_fails(fast, eager, path: str):
+    """A decode step that runs fast() until a call fails, then (fall_back saying so) eager() from
+    that call on, for the rest of the process. A failed call may have written the step's cache
+    slot in some layers: eager() writes them all again."""
+    def step():
+        if path not in FALLEN_BACK:
+            try:
+                return fast()
+            except Exception as error:  # Triton compiles with a C compiler on first use
+                fall_back(path, "to compile or launch", error)
+        return eager()
+    return step
+
+
+class _Graphed:
+    """A decode step replayed as CUDA graphs: one per batch size and attention bucket, captured on
+    its first step (_captured); eager once a capture has failed (fall_back)."""
+
+    def __init__(self, step, decoder, generator, device):
+        self.step, self.decoder, self.generator, self.device = step, decoder, generator, device
+        self.replay, self.shape = None, None
+
+    def __call__(self):
+        shape = (len(self.decoder.rows), self.decoder.attend)
+        if GRAPHS in FALLEN_BACK:
+            self.step()
+        elif shape != self.shape:  # a new batch size or bucket: decodes this step, captures it
+            self.replay, self.shape = None, shape
+            self.replay = _captured(self.step, self.generator, self.device)
+        else:
+            self.replay()
 
 
 def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
@@ -235,6 +277,7 @@ class _Decoder:
         self.cache = cache
         self.mask = mask  # [B, 1, 1, max_len] additive: 0 where the rows' next queries look
         self.pos = positions  # [B]: the RoPE position of each row's next token
+        self.starts = prompt_len - positions  # [B]: each row's first real slot (left padding)
         self.sampling = sampling
         self.generator = generator
         self.stop = stop  # [S, L] stop sequences, right-aligned; -1 pads
@@ -274,10 +317,21 @@ class _Decoder:
         self.pos += 1
         self.record(self.model.lm_head(hidden[:, 0]))
 
+    def fused_step(self):
+        """step() with the model's layers in kernels.decode_step: attention reads each row's slots
+        from its first real one to `slot`; the mask is kept up to date all the same, so that the
+        eager step can take over at any step."""
+        self.mask.index_fill_(-1, self.slot.view(1), 0.0)
+        hidden = kernels.decode_step(self.model, self.last, self.pos, self.slot, self.starts,
+                                     self.cache, self.attend)
+        self.slot += 1
+        self.pos += 1
+        self.record(self.model.lm_head(hidden))
+
     def compact(self):
         keep = (~self.stops[self.rows].any(-1)).nonzero()[:, 0]  # the rows not stopped
-        self.rows, self.last, self.recent, self.pos, self.mask = (
-            t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.mask))
+        self.rows, self.last, self.recent, self.pos, self.mask, self.starts = (
+            t[keep] for t in (self.rows, self.last, self.recent, self.pos, self.mask, self.starts))
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
         if isinstance(self.generator, list):
             self.generator = [self.generator[i] for i in keep.tolist()]
@@ -428,55 +482,70 @@ def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
 
 if triton is not None:
     @triton.jit
-    def _gumbel_chunk_kernel(logits, seed, chunk_max, chunk_sumexp, chunk_score, chunk_id, vocab,
-                             inv_temperature, BLOCK: tl.constexpr):
-        """Program (row, chunk): over BLOCK logits, the max and sum of exp(x - max) of x = logit / T
-        (for the log-normaliser) and the best x + Gumbel noise with its id; noise from Philox keyed
-        by a drawn seed."""
-        row, chunk = tl.program_id(0), tl.program_id(1)
-        cols = chunk * BLOCK + tl.arange(0, BLOCK)
-        # the address in int64: rows * vocab passes 2^31 at 14,134 rows of Qwen's 151,936 logits
-        x = tl.load(logits + row.to(tl.int64) * vocab + cols, mask=cols < vocab,
-                    other=float("-inf")).to(tl.float32)
-        x = x * inv_temperature
-        top = tl.max(x, 0)
-        # Philox counters are 32-bit: past 2^31 elements the offsets wrap, which reuses noise across
-        # far-apart rows; the uniform draw lies in [0, 1): finite noise
-        noisy = x - tl.log(-tl.log(tl.rand(tl.load(seed), row * vocab + cols)))
-        out = row * tl.num_programs(1) + chunk
-        tl.store(chunk_max + out, top)
-        tl.store(chunk_sumexp + out, tl.sum(tl.exp(x - top), 0))
-        tl.store(chunk_score + out, tl.max(noisy, 0))
-        tl.store(chunk_id + out, chunk * BLOCK + tl.argmax(noisy, 0))
+    def _gumbel_kernel(logits, seed, ids, logprobs, vocab, inv_temperature, BLOCK: tl.constexpr):
+        """Program `row`: the Gumbel-max draw from softmax(logits / T) and its log-prob, in one pass
+        over the row's bf16 logits. Each of BLOCK // 4 lanes reads four neighbouring logits and
+        draws their four uniforms in one Philox call (tl.rand4x: counter row * ceil(vocab / 4) +
+        column // 4, the column's remainder picking the output), and keeps a running max and sum of
+        exp (the log-normaliser) and a running best noisy score with its id; the lanes are combined
+        at the end. The first id of the best score wins, as torch's argmax; a NaN logit never does
+        (its log-normaliser, hence its log-prob, is NaN, as the torch path's)."""
+        row = tl.program_id(0).to(tl.int64)
+        lanes = tl.arange(0, BLOCK // 4)
+        key = tl.load(seed)
+        quads = (vocab + 3) // 4
+        top = tl.full((BLOCK // 4,), float("-inf"), tl.float32)
+        sumexp = tl.zeros((BLOCK // 4,), tl.float32)
+        best = tl.full((BLOCK // 4,), float("-inf"), tl.float32)
+        best_id = tl.zeros((BLOCK // 4,), tl.int64)
+        row_logits = logits + row * vocab
+        for start in range(0, vocab, BLOCK):
+            quad = start // 4 + lanes
+            u0, u1, u2, u3 = tl.rand4x(key, (row * quads + quad).to(tl.int32))
+            top, sumexp, best, best_id = _gumbel_visit(row_logits, quad * 4, u0, vocab,
+                                                       inv_temperature, top, sumexp, best, best_id)
+            top, sumexp, best, best_id = _gumbel_visit(row_logits, quad * 4 + 1, u1, vocab,
+                                                       inv_temperature, top, sumexp, best, best_id)
+            top, sumexp, best, best_id = _gumbel_visit(row_logits, quad * 4 + 2, u2, vocab,
+                                                       inv_temperature, top, sumexp, best, best_id)
+            top, sumexp, best, best_id = _gumbel_visit(row_logits, quad * 4 + 3, u3, vocab,
+                                                       inv_temperature, top, sumexp, best, best_id)
+        most = tl.max(top, 0)
+        log_normaliser = most + tl.log(tl.sum(sumexp * tl.exp(top - most), 0))
+        winner = tl.max(best, 0)
+        chosen = tl.min(tl.where(best == winner, best_id, vocab), 0)
+        chosen = tl.minimum(tl.maximum(chosen, 0), vocab - 1)  # all -inf or NaN: still a real id
+        x = tl.load(logits + row * vocab + chosen).to(tl.float32) * inv_temperature
+        tl.store(ids + row, chosen)
+        tl.store(logprobs + row, x - log_normaliser)
+
+
+    @triton.jit
+    def _gumbel_visit(row_logits, column, uniform, vocab, inv_temperature, top, sumexp, best,
+                      best_id):
+        """One logit per lane (at column): the running max and sum of exp of x = logit / T, and the
+        running best x + Gumbel noise -log(-log(uniform)) with its column."""
+        x = tl.load(row_logits + column, mask=column < vocab,
+                    other=float("-inf")).to(tl.float32) * inv_temperature
+        newest = tl.maximum(top, x)
+        shift = tl.where(newest == float("-inf"), 0.0, newest)  # no logit yet: nothing to add
+        sumexp = sumexp * tl.exp(top - shift) + tl.exp(x - shift)
+        noisy = x - tl.log(-tl.log(uniform))
+        better = noisy > best
+        return newest, sumexp, tl.where(better, noisy, best), tl.where(better, column, best_id)
 
 
 def _fused_gumbel_sample(logits, temperature, generator, block=4096):
-    """sample_next's Gumbel-max for CUDA: one pass over the bf16 logits instead of ~8 over fp32
-    copies."""
+    """sample_next's Gumbel-max for CUDA: one kernel, one pass over the bf16 logits, where the
+    torch path makes ~8 over fp32 copies."""
     logits = logits.contiguous()
     rows, vocab = logits.shape
-    chunks = triton.cdiv(vocab, block)
-    top, sumexp, score = (torch.empty(rows, chunks, device=logits.device) for _ in range(3))
-    chunk_id = torch.empty(rows, chunks, dtype=torch.long, device=logits.device)
+    ids = torch.empty(rows, dtype=torch.long, device=logits.device)
+    logprobs = torch.empty(rows, device=logits.device)
     seed = torch.randint(2**31 - 1, (1,), device=logits.device, generator=generator)
-    _gumbel_chunk_kernel[(rows,
-                          chunks)](logits, seed, top, sumexp, score, chunk_id, vocab,
-                                   1.0 / temperature,
-                                         BLOCK=block, num_warps=8)
-    return _combine_chunks(logits, temperature, top, sumexp, score, chunk_id)
-
-
-def _combine_chunks(logits, temperature, top, sumexp, score, chunk_id):
-    """The fused kernel's per-chunk results [rows, chunks] -> (ids [rows], log-probs [rows]): the
-    best noisy score's id and log_softmax(logits / T) there. A row with a NaN logit (a diverged
-    model) yields a NaN log-prob, as the torch path does; its id is clamped into the vocabulary,
-    since an argmax over NaN can name a slot past its end and the gather would then stop the whole
-    process with a device-side assert that no fallback can catch."""
-    most = top.amax(-1, keepdim=True)
-    log_normaliser = most + (sumexp * (top - most).exp()).sum(-1, keepdim=True).log()
-    ids = chunk_id.gather(-1, score.argmax(-1, keepdim=True)).clamp_(0, logits.shape[-1] - 1)
-    chosen = logits.gather(-1, ids).float() * (1.0 / temperature)  # the very x the kernel saw
-    return ids[:, 0], (chosen - log_normaliser)[:, 0]
+    _gumbel_kernel[(rows,)](logits, seed, ids, logprobs, vocab, 1.0 / temperature, BLOCK=block,
+                            num_warps=8)
+    return ids, logprobs
 
 
 def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, top_k) -> dict:

@@ -218,7 +218,8 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         policy.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
     broadcast_weights(policy)  # torchrun: every rank starts from rank 0's weights
     one_model = dtype == torch.float32 and not sharded(cfg.sharding)  # the policy samples itself
-    sampler = policy if one_model else policy.frozen_copy(dtype)
+    # the sampler: the policy itself, or its copy with fused projections (kernels.decode_step)
+    sampler = policy if one_model else policy.frozen_copy(dtype).fuse_projections()
     with_reference = cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo"
     reference = policy.frozen_copy(dtype) if with_reference else None
     ddp = spread(policy, cfg.sharding, device)  # torchrun: DDP replicas, or FSDP2 shards
@@ -229,7 +230,8 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
               template=template, problems=problems, prompts=prompts, heldout=heldout,
               autocast=autocast, ddp=ddp, warm_set=fingerprint(warm), run_id=run_id,
               sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
-                                   cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling),
+                                   cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,
+                                   fused_decode=cfg.fused_decode),
               scoring=Scoring(template, cfg.reward_weights, cfg.answer_checker, rewards,
                               process=cfg.supervision != "outcome"))
     if state is not None:

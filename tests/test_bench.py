@@ -29,7 +29,7 @@ def test_tiny_bench_fills_the_table(gpu_check):
     sampler, step = result["sampler"], result["step"]
     assert sampler["ours_tokens_per_s"] > 0 and sampler["hf_tokens_per_s"] > 0
     assert sampler["speedup_vs_hf"] == sampler["ours_tokens_per_s"] / sampler["hf_tokens_per_s"]
-    assert "bandwidth_fraction" not in sampler  # no bandwidth is known for a CPU: no made-up fraction
+    assert "roofline_fraction" not in sampler  # no bandwidth or peak is known for a CPU: no made-up fraction
     parts = step["time_sample"] + step["time_reward"] + step["time_reference"] + step["time_update"]
     assert 0 < parts <= step["time_step"] and step["peak_memory_gib"] > 0
     assert 0 < step["response_length"] <= bench.WORKLOADS["tiny"]["step_new"]
@@ -51,8 +51,8 @@ def test_the_gpu_check_returns_what_a_gpu_machine_can_send_back_and_shows_a_fall
     assert sorted(map(str, files)) == ["gpu_check.tar.gz", "summary.md"]
     with open(unpacked / "bench_tiny.json") as f:
         result = json.load(f)
-    assert result["sampler"]["fast_paths"] == {"cuda_graphs": False, "fused_sampling": False}
-    assert result["step"]["fast_paths"] == {"cuda_graphs": False, "fused_sampling": False}
+    assert result["sampler"]["fast_paths"] == {"cuda_graphs": False, "fused_sampling": False, "fused_decode": False}
+    assert result["step"]["fast_paths"] == {"cuda_graphs": False, "fused_sampling": False, "fused_decode": False}
     failed = "WARNING: sampler ran without cuda_graphs (sample.py: CUDA graphs failed to set up"
     assert any(w.startswith(failed) for w in result["warnings"])
     assert f"bench_tiny: {failed}" in (out / "summary.md").read_text()
@@ -98,14 +98,20 @@ def test_the_trl_part_prints_its_row_beside_our_step(monkeypatch, capsys):
     assert "| train.grpo_step |" in last and "| TRL GRPOTrainer |" in last and "TRL step time / ours 3.00x" in last
 
 
-def test_bandwidth_bound_counts_weights_and_the_growing_cache():
+def test_the_roofline_counts_bytes_or_arithmetic_whichever_is_longer_prefill_included():
+    """Issue 56: per phase the longer of bytes / bandwidth and operations / peak: a bandwidth-bound device gives the
+    old bound (weights and the growing cache per decode step) plus the prefill's read; a compute-bound one counts 2 per
+    weight per token and the attention's 4 x heads x head_dim x layers per query-key pair."""
     from model import ModelConfig, Transformer
     model = Transformer(ModelConfig(**bench.SHAPES["tiny"], max_seq_len=64))
-    weights = model.num_params() * 4
+    weights = model.num_params()  # tied: the embedding is the lm_head
     kv_per_token = 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 kv heads, head_dim 16, fp32
-    # 3 new tokens: 2 decode steps after the prefill, reading the cache of 10 + 1 and 10 + 2 tokens for 4 rows
-    expected = (2 * weights + 4 * (11 + 12) * kv_per_token) / 1e9
-    assert bench.bandwidth_bound_seconds(model, 4, 10, 3, 1e9) == expected
+    # 3 new tokens for 4 rows of 10: the prefill writes 10 tokens' cache, 2 decode steps read 11 and 12
+    slow_memory = (weights * 4 + 4 * 10 * kv_per_token + 2 * weights * 4 + 4 * (11 + 12) * kv_per_token) / 1e3
+    assert bench.roofline_seconds(model, 4, 10, 3, 1e3, 1e30) == pytest.approx(slow_memory)
+    pair = 4 * 2 * 4 * 16  # 4 x layers x heads x head_dim
+    slow_arithmetic = (2 * weights * 40 + pair * 4 * 55 + 2 * (2 * weights * 4) + pair * 4 * (11 + 12)) / 1e6
+    assert bench.roofline_seconds(model, 4, 10, 3, 1e30, 1e6) == pytest.approx(slow_arithmetic)
 
 
 @pytest.mark.parametrize("rows", [dict(), dict(prompts=8, group=16)], ids=["tiny", "two-micro-batches"])
@@ -167,8 +173,11 @@ def test_the_gpu_check_refuses_bad_arguments_before_any_work(tmp_path, capsys, a
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_the_bandwidth_bound_knows_each_h100_card():
-    """Issue 42: every "H100" was the SXM part's 3.35 TB/s; the PCIe card has 2.0 and the NVL 3.9."""
+def test_the_roofline_knows_each_h100_card():
+    """Issue 42: every "H100" was the SXM part's 3.35 TB/s; the PCIe card has 2.0 and the NVL 3.9 (and 756, 835 and
+    989 TFLOP/s of dense bf16)."""
+    assert bench.flops_of("NVIDIA H100 PCIe") == 756e12 and bench.flops_of("NVIDIA H100 NVL") == 835e12
+    assert bench.flops_of("NVIDIA H100 80GB HBM3") == 989e12 and bench.flops_of("NVIDIA H200") == 989e12
     assert bench.bandwidth_of("NVIDIA H100 PCIe") == 2.0e12 and bench.bandwidth_of("NVIDIA H100 NVL") == 3.9e12
     assert bench.bandwidth_of("NVIDIA H100 80GB HBM3") == 3.35e12 and bench.bandwidth_of("NVIDIA H200") == 4.8e12
     assert bench.bandwidth_of("NVIDIA A100-SXM4-80GB") == 0.0 and bench.bandwidth_of("cpu") == 0.0

@@ -49,7 +49,8 @@ def test_a_grpo_step_on_cuda_logs_a_small_sampler_trainer_gap(tmp_path):
     with open(tmp_path / "log.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert summary["step"] == 2 and all(r["logprob_gap_max"] < 1.0 and r["memory_gb"] > 0 for r in records)
-    assert all(r["cuda_graphs_ran"] == r["fused_sampling_ran"] == 1 for r in records), records  # no fallback taken
+    # no fallback taken; the sampler's copy decodes with the fused kernels
+    assert all(r["cuda_graphs_ran"] == r["fused_sampling_ran"] == r["fused_decode_ran"] == 1 for r in records), records
     assert all(r["memory_reserved_gb"] >= r["memory_gb"] for r in records)
     assert records[0]["kl"] < 1e-6 and records[0]["logprob_gap"] < 1e-2, records[0]
 
@@ -62,7 +63,7 @@ def test_cuda_graphs_keep_reserved_memory_flat_over_rollouts():
     from sample import generate
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
-                                    ffn_dim=256, max_seq_len=512)).cuda().bfloat16().eval()
+                                    ffn_dim=256, max_seq_len=512)).cuda().bfloat16().eval().fuse_projections()
     prompts = [torch.randint(1, 512, (n,)).tolist() for n in range(20, 52)]
     eager = generate(model, prompts, 300, seed=1, cuda_graphs=False)
     reserved = []
@@ -70,7 +71,8 @@ def test_cuda_graphs_keep_reserved_memory_flat_over_rollouts():
         out = generate(model, prompts, 300, seed=1)
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved())
-        assert out.fast_paths == {"cuda_graphs": True, "fused_sampling": True}, sample.FALLEN_BACK
+        assert out.fast_paths == {"cuda_graphs": True, "fused_sampling": True, "fused_decode": True}, \
+            sample.FALLEN_BACK
     assert torch.equal(out.tokens, eager.tokens) and not sample.FALLEN_BACK
     assert reserved[-1] == reserved[1], reserved
 
@@ -95,7 +97,8 @@ def test_a_capture_that_fails_once_begun_falls_back_to_the_eager_tokens(monkeypa
     prompts = [torch.randint(1, 512, (n,)).tolist() for n in range(20, 36)]
     eager = generate(model, prompts, 40, seed=1, cuda_graphs=False)
     out = generate(model, prompts, 40, seed=1)
-    assert sample.GRAPHS in sample.FALLEN_BACK and out.fast_paths == {"cuda_graphs": False, "fused_sampling": True}
+    assert sample.GRAPHS in sample.FALLEN_BACK
+    assert out.fast_paths == {"cuda_graphs": False, "fused_sampling": True, "fused_decode": False}  # not fused
     assert torch.equal(out.tokens, eager.tokens)
     assert torch.randn(4, device="cuda").isfinite().all()
 

@@ -7,9 +7,11 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
     python tools/bench.py --gpu_check DIR      # everything a GPU session measures, in one command (--tiny: its CPU rehearsal)
 
 1. Sampler: new tokens/s of sample.generate and of transformers' generate on the same weights (T = 1, stop tokens
-   off, every row decodes all its tokens), and the fraction of the memory-bandwidth bound: each decode step must
-   read every weight once plus the KV cache so far (GPU only; --bandwidth, or known for H100/H200). --skip hf leaves
-   transformers out (its random twin is then not built).
+   off, every row decodes all its tokens), and the fraction of the roofline it reaches: the prefill and each decode
+   step take at least the longer of their bytes (every weight once, the KV cache) over the memory bandwidth and
+   their arithmetic (two operations per weight per token, attention's) over the peak bf16 rate (GPU only;
+   --bandwidth and --flops, or known for H100/H200). --skip hf leaves transformers out (its random twin is then not
+   built).
 2. GRPO step: train.py's own grpo_step on fixed-length prompts; seconds per phase (sample, reward, reference and
    old log-probs, update), peak allocated and reserved memory (CUDA allocator; on the CPU the process's peak RSS).
 3. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
@@ -67,6 +69,8 @@ SHAPES = {  # Qwen2.5 shapes (config.json of each checkpoint); "tiny" is for the
 STEP_SIZES = {"0.5b": dict(micro_batch_size=32), "1.5b": dict(micro_batch_size=16, grad_checkpointing=True)}
 # HBM bytes/s by GPU name, the first name part that matches: the H100's PCIe and NVL cards differ from its SXM part
 BANDWIDTH = (("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("H200", 4.8e12))
+# dense bf16 tensor-core FLOP/s (NVIDIA's data sheets, without sparsity), matched in the same order
+PEAK_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12))
 WORKLOADS = {  # sampler: rows x (prompt + new); step: prompts x G x new, prompt length, beta (the peer script's)
     "full": dict(rows=256, prompt_len=128, new_tokens=512, hf_new_tokens=128, prompts=32, group=8, step_new=256,
                  step_prompt_len=114, steps=4),
@@ -111,13 +115,14 @@ def hf_model(shape: dict, device, dtype):
 
 
 def our_model(shape: dict, device, dtype, hf=None) -> Transformer:
-    """Our Transformer of `shape` in dtype on device: holding hf's weights (shared, not copied) when given, else
-    random ones drawn on the device itself (no CPU init of a model that only moves to the GPU)."""
+    """Our Transformer of `shape` in dtype on device: holding hf's weights (shared, not copied, but for the q/k/v and
+    gate/up ones, fused into one tensor each as train.py's sampler holds them) when given, else random ones drawn on
+    the device itself (no CPU init of a model that only moves to the GPU)."""
     if hf is not None:
-        return Transformer.from_hf_model(hf, dtype=dtype, device=device).eval()
+        return Transformer.from_hf_model(hf, dtype=dtype, device=device).eval().fuse_projections()
     torch.manual_seed(0)
     with torch.device(device):
-        return Transformer(ModelConfig(**shape, max_seq_len=32768)).to(dtype).eval()
+        return Transformer(ModelConfig(**shape, max_seq_len=32768)).to(dtype).eval().fuse_projections()
 
 
 def timed(fn, device) -> float:
@@ -141,12 +146,28 @@ def bandwidth_of(name: str) -> float:
     return next((bandwidth for part, bandwidth in BANDWIDTH if part in name), 0.0)
 
 
-def bandwidth_bound_seconds(model, rows, prompt_len, new_tokens, bandwidth) -> float:
-    """Every weight plus the KV cache of the tokens so far, read once per decode step, at `bandwidth` B/s."""
+def flops_of(name: str) -> float:
+    """The peak dense bf16 rate (FLOP/s) of a GPU by its name, 0 when not known."""
+    return next((flops for part, flops in PEAK_FLOPS if part in name), 0.0)
+
+
+def roofline_seconds(model, rows, prompt_len, new_tokens, bandwidth, flops) -> float:
+    """The least time sample.generate can take for rows x (prompt_len + new_tokens) tokens on a device of `bandwidth`
+    B/s and `flops` FLOP/s: the prefill, then new_tokens - 1 decode steps, each at the longer of its bytes over the
+    bandwidth (the weights a token passes through, read once; the KV cache written by the prefill, read by each
+    step) and its arithmetic over the peak (2 per such weight per token; 4 x heads x head_dim per layer per query-key
+    pair: q.k and p.v)."""
     config, elem = model.config, model.lm_head.weight.element_size()
+    # the matrices a token is multiplied by: all but an untied embedding, which is only looked up
+    weights = model.num_params() - (0 if config.tie_embeddings else config.vocab_size * config.dim)
     kv_per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * elem
-    kv = sum(rows * (prompt_len + step) * kv_per_token for step in range(1, new_tokens))
-    return ((new_tokens - 1) * model.num_params() * elem + kv) / bandwidth
+    pair = 4 * config.n_layers * config.n_heads * config.head_dim
+    prefill = max((weights * elem + rows * prompt_len * kv_per_token) / bandwidth,
+                  (2 * weights * rows * prompt_len + pair * rows * prompt_len * (prompt_len + 1) / 2) / flops)
+    decode = sum(max((weights * elem + rows * (prompt_len + step) * kv_per_token) / bandwidth,
+                     (2 * weights * rows + pair * rows * (prompt_len + step)) / flops)
+                 for step in range(1, new_tokens))
+    return prefill + decode
 
 
 def sampler_prompts(ours, work: dict) -> torch.Tensor:
@@ -155,8 +176,8 @@ def sampler_prompts(ours, work: dict) -> torch.Tensor:
                          generator=torch.Generator().manual_seed(0))
 
 
-def bench_sampler(hf, ours, work: dict, device, bandwidth) -> dict:
-    """sample.generate's new tokens/s on the sampler workload, against the bandwidth bound and, when hf is given,
+def bench_sampler(hf, ours, work: dict, device, bandwidth, flops) -> dict:
+    """sample.generate's new tokens/s on the sampler workload, against the roofline and, when hf is given,
     transformers' generate on the same weights (fewer new tokens: it is much slower)."""
     prompts = sampler_prompts(ours, work)
     as_lists, n = prompts.tolist(), work["new_tokens"]
@@ -165,9 +186,9 @@ def bench_sampler(hf, ours, work: dict, device, bandwidth) -> dict:
     ours_s = timed(lambda: rollouts.append(generate(ours, as_lists, n, seed=0)), device)
     result = {"ours_tokens_per_s": work["rows"] * n / ours_s, "ours_seconds": ours_s,
               "fast_paths": rollouts[0].fast_paths}
-    if bandwidth:
-        result["bandwidth_fraction"] = bandwidth_bound_seconds(ours, work["rows"], work["prompt_len"], n,
-                                                               bandwidth) / ours_s
+    if bandwidth and flops:
+        result["roofline_fraction"] = roofline_seconds(ours, work["rows"], work["prompt_len"], n, bandwidth,
+                                                       flops) / ours_s
     if hf is not None:
         ids, hf_n = prompts.to(device), work["hf_new_tokens"]
         with torch.inference_mode():
@@ -216,7 +237,8 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template,
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
               autocast=autocast, sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
-                                                      cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling),
+                                                      cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,
+                                                      fused_decode=cfg.fused_decode),
               scoring=Scoring(template, cfg.reward_weights, cfg.answer_checker))
     return run, cfg
 
@@ -346,7 +368,9 @@ def bench_trl(shape: dict, work: dict, device, dtype, beta: float, micro: int, g
 def fast_path_warnings(part: str, fast_paths: dict) -> list[str]:
     """A warning for each GPU fast path that part asked for and ran without, with what sample.py said of it."""
     unused = {sample.GRAPHS: "not used", sample.FUSED: "it needs Triton, one seed for the batch, T > 0, top_p = 1 and "
-                                                      "top_k = 0"}
+                                                      "top_k = 0",
+              sample.FUSED_DECODE: "it needs Triton, CUDA and a model with fused projections (the sampler's copy), "
+                                   "without LoRA"}
     return [f"WARNING: {part} ran without {key} ({sample.FALLEN_BACK.get(name, unused[name])})"
             for name, key in sample.SWITCHES.items() if fast_paths.get(key) is False]
 
@@ -357,6 +381,7 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="tiny shape and workload, on the CPU: a smoke test")
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--bandwidth", type=float, default=0.0, help="memory bytes/s (default: known for H100/H200)")
+    parser.add_argument("--flops", type=float, default=0.0, help="peak bf16 FLOP/s (default: known for H100/H200)")
     parser.add_argument("--skip", default="", help=f"comma-separated parts to skip: {','.join(PARTS)}")
     parser.add_argument("--out", default="", help="also write the results as JSON here, after each part")
     parser.add_argument("--fast_paths_on_cpu", action="store_true",
@@ -393,6 +418,7 @@ def main(argv=None):
     set_attention_backends(device)  # as train.py and eval.py do
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     bandwidth = args.bandwidth or bandwidth_of(name)
+    flops = args.flops or flops_of(name)
     result = {"shape": shape_name, "device": name, "dtype": str(dtype), "torch": torch.__version__,
               "workload": work, "beta": args.beta, "warnings": []}
 
@@ -406,7 +432,7 @@ def main(argv=None):
     if "sampler" not in skip:
         hf = None if "hf" in skip else hf_model(shape, device, dtype)
         ours = our_model(shape, device, dtype, hf)
-        result["sampler"] = bench_sampler(hf, ours, work, device, bandwidth)
+        result["sampler"] = bench_sampler(hf, ours, work, device, bandwidth, flops)
         result["warnings"] += fast_path_warnings("sampler", result["sampler"]["fast_paths"])
         del hf
         done("sampler")
@@ -608,10 +634,10 @@ def report(result: dict) -> str:
     lines += result.get("warnings", [])
     if "sampler" in result:
         s = result["sampler"]
-        fraction = f"{s['bandwidth_fraction']:.2f}" if "bandwidth_fraction" in s else "n/a"
+        fraction = f"{s['roofline_fraction']:.2f}" if "roofline_fraction" in s else "n/a"
         versus = f"{s['speedup_vs_hf']:.1f}x" if "speedup_vs_hf" in s else "not run"
         lines += [f"\nsampler: {w['rows']} prompts x ({w['prompt_len']} + {w['new_tokens']}) tokens, T=1, no stops",
-                  "| | new tokens/s | seconds | vs transformers | bandwidth-bound fraction |", "|---|---|---|---|---|",
+                  "| | new tokens/s | seconds | vs transformers | roofline fraction |", "|---|---|---|---|---|",
                   f"| sample.generate | {s['ours_tokens_per_s']:,.0f} | {s['ours_seconds']:.2f} | {versus} | "
                   f"{fraction} |"]
         if "hf_tokens_per_s" in s:

@@ -1,0 +1,288 @@
+"""
+The sampler's decode step on CUDA in a few fused Triton kernels: at GRPO's decoding shapes (a few
+hundred rows, one token each) a step's time is its kernel launches, not its bytes. Each kernel here
+replaces a few torch ops of model.py or sample.py, named in its docstring; that torch code stays the
+reference, the CPU path and the fallback. tests/test_kernels.py runs each kernel on the CPU under
+Triton's interpreter (TRITON_INTERPRET=1) against its reference, and a whole fused decode step
+against the model's forward.
+
+    hidden = decode_step(model, ids, positions, slot, starts, cache, attend)  # one token per row
+
+decode_step is model.Transformer.forward for one token per row, with
+- the q/k/v and gate/up projections one matrix product each (Transformer.fuse_projections: the
+  sampler's bf16 copy keeps each group's weights in one tensor, the layers' weights views of it);
+- RoPE and the cache write in one kernel (rope_and_cache), with apply_rope's bf16 roundings;
+- attention over each row's real key slots, start to slot, read in splits and combined
+  (decode_attention: no additive mask, grouped heads read their kv head once);
+- the residual add and the next RMSNorm in one kernel (add_rms_norm), SiLU·mul in one (silu_mul).
+Per layer: 4 matrix products and 5 or 6 kernels, where the torch forward runs about 24 ops. The
+sampling that follows is sample.py's fused Gumbel kernel. Qwen3's q/k norms stay torch ops.
+"""
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+# keys per attention block, and the fewest (row, kv head) programs before the key range is split
+BLOCK_KEYS = 64
+SPLIT_BELOW_PROGRAMS = 256
+
+
+def decode_step(model, ids, positions, slot, starts, cache, attend: int) -> torch.Tensor:
+    """model's final normed hidden states [b, dim] for one new token per row: ids [b], RoPE
+    positions [b], the cache slot they are written at (0-d), each row's first real key slot
+    starts [b] (after its prompt's left padding); attention reads slots starts..slot of the first
+    `attend` (a bound on slot + 1, fixed per CUDA graph). The model must be fused
+    (Transformer.fuse_projections), without LoRA adapters."""
+    config = model.config
+    x = model.embed(ids)  # [b, dim]
+    freqs = positions[:, None] * model.inv_freq  # [b, D/2] fp32, as the forward computes them
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x, normed = add_rms_norm(x, None, model.layers[0].attn_norm)
+    norms = [block.mlp_norm for block in model.layers]
+    following = [block.attn_norm for block in model.layers[1:]] + [model.norm]
+    for layer, block in enumerate(model.layers):
+        attn = block.attn
+        qkv = F.linear(normed, attn.qkv_weight, attn.qkv_bias)  # [b, (H + 2 Hkv) D]
+        if config.qk_norm:  # Qwen3: torch's norms on the query and key heads, before RoPE
+            qkv = _qk_normed(attn, qkv, config)
+        q = rope_and_cache(qkv, cos, sin, cache.k[layer], cache.v[layer], slot, config)
+        y = decode_attention(q, cache.k[layer], cache.v[layer], starts, slot, attend)
+        x, normed = add_rms_norm(x, F.linear(y, attn.o_proj.weight), norms[layer])
+        hidden = silu_mul(F.linear(normed, block.mlp.gate_up_weight))  # [b, ffn_dim]
+        x, normed = add_rms_norm(x, F.linear(hidden, block.mlp.down_proj.weight), following[layer])
+    return normed
+
+
+def _qk_normed(attn, qkv, config):
+    """qkv [b, (H + 2 Hkv) D] with its query and key heads through q_norm and k_norm."""
+    b, d = qkv.shape[0], config.head_dim
+    q, k, v = qkv.split((config.n_heads * d, config.n_kv_heads * d, config.n_kv_heads * d), dim=-1)
+    q = attn.q_norm(q.view(b, config.n_heads, d)).to(q.dtype).view(b, -1)
+    k = attn.k_norm(k.view(b, config.n_kv_heads, d)).to(k.dtype).view(b, -1)
+    return torch.cat((q, k, v), dim=-1)
+
+
+def possible(model, device) -> bool:
+    """Whether decode_step can decode for model on device: Triton importable, CUDA, a fused model
+    (its sampler copy) without LoRA adapters."""
+    return (triton is not None and device.type == "cuda"
+            and hasattr(model.layers[0].attn, "qkv_weight")
+            and not any(hasattr(m, "lora_A") for m in model.modules()))
+
+# -----------------------------------------------------------------------------
+# the residual add and the RMSNorm after it
+
+
+def add_rms_norm(x, y, norm):
+    """(x + y, RMSNorm(x + y)) for x, y [b, dim] (y None: x alone), norm a model.RMSNorm: the
+    residual add of Block.forward and the norm that reads its result, rounded as torch rounds
+    them in x's dtype (the sum; then r / rms(r) times the weight, in fp32, rounded once)."""
+    rows, dim = x.shape
+    residual, normed = torch.empty_like(x), torch.empty_like(x)
+    _add_rms_norm_kernel[(rows,)](x, x if y is None else y, norm.weight, residual, normed, dim,
+                                  norm.eps, HAS_Y=y is not None,
+                                  BLOCK=triton.next_power_of_2(dim))
+    return residual, normed
+
+
+if triton is not None:
+    @triton.jit
+    def _add_rms_norm_kernel(x, y, weight, residual, normed, dim, eps, HAS_Y: tl.constexpr,
+                             BLOCK: tl.constexpr):
+        """Program `row`: residual = x + y rounded, normed = round(r / rms(r) * w) in fp32."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < dim
+        r = tl.load(x + row * dim + cols, mask=inside, other=0.0)
+        if HAS_Y:
+            r = (r.to(tl.float32) + tl.load(y + row * dim + cols, mask=inside,
+                                            other=0.0).to(tl.float32)).to(r.dtype)
+        tl.store(residual + row * dim + cols, r, mask=inside)
+        value = r.to(tl.float32)
+        scale = tl.rsqrt(tl.sum(value * value, 0) / dim + eps)
+        w = tl.load(weight + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(normed + row * dim + cols, (value * scale * w).to(r.dtype), mask=inside)
+
+# -----------------------------------------------------------------------------
+# SiLU·mul
+
+
+def silu_mul(gate_up):
+    """gate_up [b, 2 F] (MLP's gate and up projections, side by side) -> silu(gate) * up [b, F],
+    rounded as MLP.forward rounds them in its dtype."""
+    rows, width = gate_up.shape
+    out = torch.empty(rows, width // 2, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(width // 2, block))](gate_up, out, width // 2,
+                                                              BLOCK=block)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _silu_mul_kernel(gate_up, out, ffn, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < ffn
+        g = tl.load(gate_up + row * 2 * ffn + cols, mask=inside, other=0.0)
+        u = tl.load(gate_up + row * 2 * ffn + ffn + cols, mask=inside, other=0.0)
+        gate = g.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(g.dtype).to(tl.float32)
+        tl.store(out + row * ffn + cols, (silu * u.to(tl.float32)).to(g.dtype), mask=inside)
+
+# -----------------------------------------------------------------------------
+# RoPE and the cache write
+
+
+def rope_and_cache(qkv, cos, sin, k_cache, v_cache, slot, config):
+    """qkv [b, (H + 2 Hkv) D] (one token per row), cos / sin [b, D] -> the rotated queries
+    [b, H, D]; the rotated keys and the values are written into this layer's cache [b, Hkv, S, D]
+    at `slot`. apply_rope's roundings: x cos and rotate(x) sin each rounded, then their sum.
+    Replaces Attention.forward's view, cat, apply_rope, split and KVCache.update."""
+    rows = qkv.shape[0]
+    heads, kv_heads, d = config.n_heads, config.n_kv_heads, config.head_dim
+    q = torch.empty(rows, heads, d, dtype=qkv.dtype, device=qkv.device)
+    _rope_cache_kernel[(rows, heads + 2 * kv_heads)](
+        qkv, cos, sin, q, k_cache, v_cache, slot, k_cache.shape[2], heads, kv_heads, D=d)
+    return q
+
+
+if triton is not None:
+    @triton.jit
+    def _rope_cache_kernel(qkv, cos, sin, q, k_cache, v_cache, slot, max_len, heads, kv_heads,
+                           D: tl.constexpr):
+        """Program (row, head): a query head is rotated into q, a key head rotated into k_cache, a
+        value head copied into v_cache, at the row's cache slot."""
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        width = (heads + 2 * kv_heads) * D
+        cols = tl.arange(0, D)
+        x = tl.load(qkv + row * width + head * D + cols)
+        slot_index = tl.load(slot).to(tl.int64)
+        if head >= heads + kv_heads:  # a value head: copied as it is
+            kv = head - heads - kv_heads
+            tl.store(v_cache + ((row * kv_heads + kv) * max_len + slot_index) * D + cols, x)
+        else:
+            half = D // 2
+            partner = tl.load(qkv + row * width + head * D + (cols + half) % D).to(tl.float32)
+            rotated = tl.where(cols < half, -partner, partner)  # cat(-x2, x1)
+            c = tl.load(cos + row * D + cols).to(tl.float32)
+            s = tl.load(sin + row * D + cols).to(tl.float32)
+            first = (x.to(tl.float32) * c).to(x.dtype).to(tl.float32)
+            second = (rotated * s).to(x.dtype).to(tl.float32)
+            y = (first + second).to(x.dtype)
+            if head < heads:
+                tl.store(q + (row * heads + head) * D + cols, y)
+            else:
+                kv = head - heads
+                tl.store(k_cache + ((row * kv_heads + kv) * max_len + slot_index) * D + cols, y)
+
+# -----------------------------------------------------------------------------
+# attention over each row's real keys
+
+
+def decode_attention(q, k_cache, v_cache, starts, slot, attend: int):
+    """q [b, H, D] (one query per row and head), this layer's cache [b, Hkv, S, D] -> the
+    attention output [b, H * D]: each query head attends to its kv head's slots starts[row] ..
+    slot (the row's real prompt tokens and every generated one), softmax(q k / sqrt(D)) v in fp32.
+    Replaces the decode step's scaled_dot_product_attention under the additive mask. The key range
+    is cut into `splits` pieces, each a program, combined by a second kernel, when rows x kv heads
+    alone would leave the GPU idle (flash-decoding); `attend` bounds the range."""
+    rows, heads, d = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    # a power of two (the combine reads them as one block); an empty split weighs 0
+    splits = min(triton.next_power_of_2(triton.cdiv(SPLIT_BELOW_PROGRAMS, rows * kv_heads)),
+                 triton.next_power_of_2(triton.cdiv(attend, BLOCK_KEYS)))
+    per_split = triton.cdiv(triton.cdiv(attend, splits), BLOCK_KEYS) * BLOCK_KEYS
+    out = torch.empty(rows, heads * d, dtype=q.dtype, device=q.device)
+    partial = torch.empty(rows, kv_heads, splits, group, d + 2, dtype=torch.float32,
+                          device=q.device) if splits > 1 else out
+    _decode_attention_kernel[(rows, kv_heads, splits)](
+        q, k_cache, v_cache, starts, slot, partial, out, k_cache.shape[2], per_split, d ** -0.5,
+        heads, kv_heads, group, D=d, GROUP=max(16, triton.next_power_of_2(group)),
+        BLOCK=BLOCK_KEYS, SPLITS=splits)
+    if splits > 1:
+        _combine_splits_kernel[(rows, kv_heads)](partial, out, heads, kv_heads, group, D=d,
+                                                 GROUP=triton.next_power_of_2(group),
+                                                 SPLITS=splits)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _decode_attention_kernel(q, k_cache, v_cache, starts, slot, partial, out, max_len,
+                                 per_split, scale, heads, kv_heads, group, D: tl.constexpr,
+                                 GROUP: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+        """Program (row, kv head, split): the online softmax of the kv head's query group over the
+        split's per_split slots, of which the row's keys (starts[row] .. slot) count; masked loads
+        fetch nothing. With one split the output itself, else (acc, max, sum) for
+        _combine_splits_kernel."""
+        row = tl.program_id(0).to(tl.int64)
+        kv = tl.program_id(1)
+        split = tl.program_id(2)
+        first = tl.load(starts + row)
+        last = tl.load(slot)  # inclusive: a query sees itself
+        g = tl.arange(0, GROUP)
+        cols = tl.arange(0, D)
+        in_group = g < group
+        query_rows = (row * heads + kv * group + g)[:, None] * D + cols[None, :]
+        # [GROUP, D]; the products in fp32 operands (tf32 on the GPU, exact for bf16 values)
+        queries = tl.load(q + query_rows, mask=in_group[:, None], other=0.0).to(tl.float32)
+        base = (row * kv_heads + kv) * max_len * D
+        best = tl.full((GROUP,), float("-inf"), tl.float32)
+        total = tl.zeros((GROUP,), tl.float32)
+        acc = tl.zeros((GROUP, D), tl.float32)
+        for offset in range(0, per_split, BLOCK):
+            keys = split * per_split + offset + tl.arange(0, BLOCK)
+            valid = (keys >= first) & (keys <= last)
+            offsets = base + keys[:, None].to(tl.int64) * D + cols[None, :]
+            k = tl.load(k_cache + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+            v = tl.load(v_cache + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+            scores = tl.dot(queries, tl.trans(k)) * scale  # [GROUP, BLOCK] fp32
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            newest = tl.maximum(best, tl.max(scores, 1))
+            shift = tl.where(newest == float("-inf"), 0.0, newest)  # no key yet: weights 0
+            weights = tl.exp(scores - shift[:, None])
+            rescale = tl.exp(best - shift)
+            total = total * rescale + tl.sum(weights, 1)
+            acc = acc * rescale[:, None] + tl.dot(weights, v)  # [GROUP, D]
+            best = newest
+        if SPLITS == 1:
+            tl.store(out + query_rows, (acc / total[:, None]).to(out.dtype.element_ty),
+                     mask=in_group[:, None])
+        else:
+            at = (((row * kv_heads + kv) * SPLITS + split) * group + g) * (D + 2)
+            tl.store(partial + at[:, None] + cols[None, :], acc, mask=in_group[:, None])
+            tl.store(partial + at + D, best, mask=in_group)
+            tl.store(partial + at + D + 1, total, mask=in_group)
+
+    @triton.jit
+    def _combine_splits_kernel(partial, out, heads, kv_heads, group, D: tl.constexpr,
+                               GROUP: tl.constexpr, SPLITS: tl.constexpr):
+        """Program (row, kv head): the splits' (acc, max, sum) -> softmax(.) v for its group."""
+        row = tl.program_id(0).to(tl.int64)
+        kv = tl.program_id(1)
+        g = tl.arange(0, GROUP)
+        cols = tl.arange(0, D)
+        in_group = g < group
+        splits = tl.arange(0, SPLITS)
+        at = (((row * kv_heads + kv) * SPLITS + splits[:, None]) * group + g[None, :]) * (D + 2)
+        fill = in_group[None, :]
+        best = tl.load(partial + at + D, mask=fill, other=float("-inf"))  # [SPLITS, GROUP]
+        total = tl.load(partial + at + D + 1, mask=fill, other=0.0)
+        most = tl.max(best, 0)  # [GROUP]
+        # an empty split holds -inf and 0: weight 0
+        factor = tl.where(best == float("-inf"), 0.0, tl.exp(best - most[None, :]))
+        norm = tl.sum(total * factor, 0)
+        acc = tl.load(partial + at[:, :, None] + cols[None, None, :], mask=fill[:, :, None],
+                      other=0.0)  # [SPLITS, GROUP, D]
+        y = tl.sum(acc * factor[:, :, None], 0) / norm[:, None]
+        rows_out = (row * heads + kv * group + g)[:, None] * D + cols[None, :]
+        tl.store(out + rows_out, y.to(out.dtype.element_ty), mask=in_group[:, None])

@@ -1,0 +1,260 @@
+"""Issue 56: the decode step's Triton kernels (kernels.py) and the sampling one (sample._gumbel_kernel), each run on the
+CPU by Triton's interpreter against the torch code it replaces; a whole fused decode step against the model's forward;
+the kernels a fused step launches; a kernel that fails falling back to the torch forward.
+
+The interpreter departs from compiled Triton in two ways, which run_interpreted puts right first, following the
+compiled rules (the interpreter is triton/runtime/interpreter.py, triton 3.6):
+- InterpreterBuilder.cast_impl turns fp32 into bf16 by dropping the low 16 bits (_convert_float with no rounding
+  mode); a compiled kernel's fp32 -> bf16 cast (arith.truncf, PTX cvt.rn.bf16.f32) rounds to nearest even, as torch
+  does. Patched: round to nearest even (NaN stays NaN).
+- a scalar is a one-element array there, and its __index__ (_patch_lang_tensor) calls int() on it, which numpy 2.4
+  refuses for an array of one dimension: a loop whose bound is a kernel argument fails. Patched: the array's element.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+import sample
+from model import KVCache, ModelConfig, Transformer, apply_rope
+from test_sample import PROMPTS, full_forward_logprobs, tiny_model
+
+NEEDS_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="needs triton (pip install triton, in requirements-test.txt) to run the "
+                                         "CUDA kernels on the CPU in Triton's interpreter")
+
+
+def patch_interpreter():
+    """The two corrections of the module docstring, applied to this process's interpreter."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+    real_cast, real_patch = interpreter.InterpreterBuilder.cast_impl, interpreter._patch_lang_tensor
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            value = np.ascontiguousarray(src.data, dtype=np.float32)
+            bits = value.view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            rounded[np.isnan(value)] = 0x7FC0
+            return interpreter.TensorHandle(rounded, dst_type.scalar)
+        return real_cast(self, src, dst_type)
+
+    def patch_tensor(tensor, scope):
+        real_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
+    interpreter._patch_lang_tensor = patch_tensor
+
+
+def run_interpreted(check: str):
+    """Run test_kernels.<check>() in a fresh process under TRITON_INTERPRET=1 (set before triton is imported)."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join([os.path.dirname(tests), tests] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    code = f"import test_kernels; test_kernels.patch_interpreter(); test_kernels.{check}()"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path})
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("check", ["check_add_rms_norm", "check_silu_mul", "check_rope_and_cache",
+                                   "check_decode_attention", "check_gumbel_sampling", "check_decode_step",
+                                   "check_fused_generate"])
+def test_each_kernel_computes_what_its_torch_code_computes(check):
+    run_interpreted(check)
+
+# -----------------------------------------------------------------------------
+# the checks, each run by run_interpreted
+
+
+def check_add_rms_norm():
+    """Bit for bit: the residual add and the RMSNorm of torch's bf16 (a width of 96: masked lanes)."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=8, dim=96, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=48,
+                                    ffn_dim=8, max_seq_len=8)).bfloat16()
+    norm = model.layers[0].attn_norm
+    norm.weight.data = (1 + 0.3 * torch.randn(96)).bfloat16()
+    x, y = torch.randn(7, 96).bfloat16(), 3 * torch.randn(7, 96).bfloat16()
+    residual, normed = kernels.add_rms_norm(x, y, norm)
+    assert torch.equal(residual, x + y) and torch.equal(normed, norm(x + y))
+    residual, normed = kernels.add_rms_norm(x, None, norm)
+    assert torch.equal(residual, x) and torch.equal(normed, norm(x))
+
+
+def check_silu_mul():
+    torch.manual_seed(0)
+    gate_up = 4 * torch.randn(5, 2 * 1100).bfloat16()  # two blocks of 1024, the second partial
+    assert torch.equal(kernels.silu_mul(gate_up), F.silu(gate_up[:, :1100]) * gate_up[:, 1100:])
+
+
+def check_rope_and_cache():
+    """Bit for bit with apply_rope and KVCache.update: the rotated queries, the rotated keys and the values at the
+    slot; the cache's other slots untouched."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=8, dim=32, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, ffn_dim=8,
+                         max_seq_len=64)
+    b, heads, kv, d = 5, 6, 2, 16
+    qkv = 2 * torch.randn(b, (heads + 2 * kv) * d).bfloat16()
+    positions = torch.tensor([3, 7, 11, 2, 40])
+    freqs = positions[:, None].float() * Transformer(config).inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    cache = KVCache(config, b, 48, dtype=torch.bfloat16)
+    cache.k.normal_()
+    before = cache.k.clone()
+    q = kernels.rope_and_cache(qkv, cos, sin, cache.k[1], cache.v[1], torch.tensor(9), config)
+    q_ref, k_ref, v_ref = qkv.view(b, 1, heads + 2 * kv, d).split((heads, kv, kv), dim=2)
+    rotated = apply_rope(torch.cat((q_ref, k_ref), dim=2).transpose(1, 2), cos[:, None, None], sin[:, None, None])
+    assert torch.equal(q, rotated[:, :heads, 0])
+    assert torch.equal(cache.k[1, :, :, 9], rotated[:, heads:, 0]) and torch.equal(cache.v[1, :, :, 9], v_ref[:, 0])
+    untouched = torch.ones(48, dtype=torch.bool)
+    untouched[9] = False
+    assert torch.equal(cache.k[:, :, :, untouched], before[:, :, :, untouched]) and torch.equal(cache.k[0], before[0])
+
+
+def check_decode_attention():
+    """Against scaled_dot_product_attention in fp32 under the additive mask of the rows' real slots (start .. slot):
+    within bf16's rounding of the output, with the key range in one piece and cut in splits (combined), for grouped
+    heads (3 queries a kv head) and plain ones."""
+    torch.manual_seed(0)
+    b, slots, d = 5, 256, 16
+    starts, slot = torch.tensor([0, 3, 80, 1, 140]), torch.tensor(150)
+    mask = torch.full((b, 1, 1, slots), float("-inf"))
+    for row in range(b):
+        mask[row, 0, 0, starts[row]:slot + 1] = 0
+    for heads, kv in ((6, 2), (4, 4)):
+        q = torch.randn(b, heads, d).bfloat16()
+        k, v = (torch.randn(b, kv, slots, d).bfloat16() for _ in range(2))
+        exact = F.scaled_dot_product_attention(q.view(b, kv, heads // kv, d).float(), k.float(), v.float(),
+                                               attn_mask=mask).reshape(b, heads * d)
+        for programs, attend in ((1, 152), (10_000, 152), (10_000, 256)):
+            kernels.SPLIT_BELOW_PROGRAMS = programs  # 1: one piece; 10,000: 2 or 4 splits of the 152 or 256 slots
+            out = kernels.decode_attention(q, k, v, starts, slot, attend)
+            assert (out.float() - exact).abs().max() <= 2 ** -8 * exact.abs().max(), (heads, programs, attend)
+
+
+def check_gumbel_sampling():
+    """sample._gumbel_kernel against torch on the kernel's own Philox uniforms (drawn by tl.rand4x at the same
+    counters): the noisy argmax's id, and log_softmax(logits / T) there; a vocabulary that is no multiple of 4 nor of
+    the block; a NaN row gets an id inside the vocabulary and a NaN log-prob, as the torch path's."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def uniforms(seed, out, quads, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        quad = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        u0, u1, u2, u3 = tl.rand4x(tl.load(seed), (row * quads + quad).to(tl.int32))
+        inside = quad < quads
+        base = out + row * quads * 4 + quad * 4
+        tl.store(base, u0, mask=inside)
+        tl.store(base + 1, u1, mask=inside)
+        tl.store(base + 2, u2, mask=inside)
+        tl.store(base + 3, u3, mask=inside)
+
+    torch.manual_seed(0)
+    rows, vocab, temperature = 4, 1001, 0.8
+    logits = (3 * torch.randn(rows, vocab)).bfloat16()
+    logits[3] = float("nan")
+    quads = -(-vocab // 4)
+    seed = torch.randint(2**31 - 1, (1,), generator=torch.Generator().manual_seed(7))  # as _fused_gumbel_sample draws
+    u = torch.empty(rows, quads * 4)
+    uniforms[(rows, triton.cdiv(quads, 64))](seed, u, quads, BLOCK=64)
+    x = logits.float() * (1 / temperature)
+    noisy = x - (-u[:, :vocab].log()).log()
+    ids, logprobs = sample._fused_gumbel_sample(logits, temperature, torch.Generator().manual_seed(7), block=256)
+    assert torch.equal(ids[:3], noisy[:3].argmax(-1))
+    torch.testing.assert_close(logprobs[:3], x[:3].log_softmax(-1).gather(-1, ids[:3, None])[:, 0], atol=1e-5, rtol=0)
+    assert 0 <= ids[3] < vocab and logprobs[3].isnan()
+
+
+def fused_tiny_model(**overrides):
+    """tiny_model in bf16 with fused projections: the sampler's copy (q/k/v biases, grouped heads)."""
+    return tiny_model(**overrides).bfloat16().fuse_projections()
+
+
+def check_decode_step():
+    """One fused decode step against the model's own decode step (its forward with a cache and the additive mask), on
+    a cache a prefill filled, for Qwen2's shape (q/k/v biases) and Qwen3's (q/k norms): the keys and values written,
+    and the final hidden states, within bf16's rounding (attention and the matrix products sum in other orders)."""
+    for overrides in ({}, {"qkv_bias": False, "qk_norm": True}):
+        model = fused_tiny_model(**overrides)
+        ids = torch.tensor([[0, 0, 5, 17, 3], [8, 1, 90, 33, 2]])
+        real = ids != 0
+        real[1, :] = True
+        caches = [KVCache(model.config, 2, 16, dtype=torch.bfloat16) for _ in range(2)]
+        with torch.no_grad():
+            for cache in caches:
+                model(ids, attention_mask=torch.cat((real, torch.zeros(2, 11, dtype=torch.bool)), -1), cache=cache,
+                      return_hidden=True)
+            last, positions, slot = torch.tensor([7, 9]), real.sum(-1), torch.tensor(5)
+            mask = torch.full((2, 1, 1, 16), float("-inf"), dtype=torch.bfloat16)
+            mask[..., :5].masked_fill_(real[:, None, None], 0.0)
+            mask[..., 5] = 0.0
+            eager = model(last[:, None], positions=positions[:, None], attention_mask=mask, cache=caches[0],
+                          cache_index=slot, return_hidden=True)[:, 0]
+            fused = kernels.decode_step(model, last, positions, slot, 5 - real.sum(-1), caches[1], 16)
+        for ours, theirs in ((fused, eager), (caches[1].k[:, :, :, 5], caches[0].k[:, :, :, 5]),
+                             (caches[1].v[:, :, :, 5], caches[0].v[:, :, :, 5])):
+            assert (ours.float() - theirs.float()).abs().max() <= 0.05 * theirs.float().abs().max(), overrides
+
+
+def check_fused_generate():
+    """generate with the fused decode kernels (the CPU made a fast-path device, kernels.possible told yes): its
+    log-probs equal a full no-cache forward of the tokens it drew, within bf16's rounding, with early stops and the
+    batch compacted; a fused step launches 4 matrix products and 5 kernels a layer (2 layers); and a kernel that
+    fails falls back to the torch forward, saying so once, with that forward's tokens."""
+    sample.FAST_PATH_DEVICES = ("cuda", "cpu")
+    kernels.possible = lambda model, device: True
+    model = fused_tiny_model()
+    sample.CHECK_EVERY = 4
+    out = sample.generate(model, PROMPTS, 24, temperature=1.0, seed=3, stop_ids=[5], cuda_graphs=False,
+                          fused_sampling=False)
+    assert out.fast_paths == {"fused_decode": True} and not sample.FALLEN_BACK
+    lengths = out.lengths.tolist()
+    completions = [out.tokens[i, :n].tolist() for i, n in enumerate(lengths)]
+    for row, expected in enumerate(full_forward_logprobs(model, PROMPTS, completions, 1.0)):
+        assert (out.logprobs[row, :lengths[row]] - expected).abs().max() < 0.1, row
+
+    launches = []
+    for name in ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_decode_attention_kernel",
+                 "_combine_splits_kernel"):
+        kernel = getattr(kernels, name)
+        setattr(kernels, name, Counted(kernel, name, launches))
+    real_linear = F.linear
+    kernels.F = type("F", (), {"linear": staticmethod(lambda *a: launches.append("linear") or real_linear(*a))})
+    cache = KVCache(model.config, 3, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        kernels.decode_step(model, torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]), torch.tensor(6),
+                            torch.tensor([0, 1, 2]), cache, 16)
+    per_layer = sorted(launches[1:])  # the first norm comes before the layers
+    assert launches[0] == "_add_rms_norm_kernel" and len(per_layer) == 2 * 9, launches
+    assert per_layer.count("linear") == 2 * 4 and per_layer.count("_decode_attention_kernel") == 2
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+    kernels.decode_step = failing
+    plain = sample.generate(model, PROMPTS, 12, temperature=1.0, seed=5, cuda_graphs=False, fused_sampling=False,
+                            fused_decode=False)
+    for _ in range(2):
+        out = sample.generate(model, PROMPTS, 12, temperature=1.0, seed=5, cuda_graphs=False, fused_sampling=False)
+        assert torch.equal(out.tokens, plain.tokens) and torch.equal(out.logprobs, plain.logprobs)
+        assert out.fast_paths == {"fused_decode": False}
+    assert sample.FALLEN_BACK[sample.FUSED_DECODE].startswith("sample.py: the fused decode kernels failed to compile")
+
+
+class Counted:
+    """A Triton kernel whose launches append its name to a list."""
+
+    def __init__(self, kernel, name, launches):
+        self.kernel, self.name, self.launches = kernel, name, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(self.name)
+        return self.kernel[grid]
