@@ -68,10 +68,11 @@ class TrainConfig:
     synthetic_args: dict = field(default_factory=dict)
     # "synthetic_split": the seed of its three sets (None: seed), so seeds can share one
     data_seed: int | None = None
-    # what a step does: "grpo", or a baseline with the same rows and completions per step: "rft"
-    # (sample as GRPO does, SFT on the correct samples), "sft_answers" (SFT on the training rows:
-    # with "synthetic_split" their answers alone, "</think> <answer>N</answer>"), "sft_more" (SFT on
-    # the warm-start rows: more warm start)
+    # what a step does: "grpo"; "ppo" (PPO with a learned critic: GAE for the group baseline, the
+    # critic's clipped value loss; the keys below); or a baseline with the same rows and completions
+    # per step: "rft" (sample as GRPO does, SFT on the correct samples), "sft_answers" (SFT on the
+    # training rows: with "synthetic_split" their answers alone, "</think> <answer>N</answer>"),
+    # "sft_more" (SFT on the warm-start rows: more warm start)
     method: str = "grpo"
     # sampling
     group_size: int = 8  # G completions per question
@@ -163,6 +164,13 @@ class TrainConfig:
     # scale_rewards' older name: "std" (divided by a std: scale_rewards says which) | "none" (the
     # same as scale_rewards="none")
     adv_scale: str = "std"
+    # PPO (method="ppo"; verl's names): a critic of the policy's shape, from its weights, a value
+    # head at zero; the KL to the reference in the loss (kl_estimator k3, k3_is, k2, as GRPO's) or
+    # per token in the rewards (kl_estimator="k1_reward", PPO-RLHF's); group_size 1 is classic PPO
+    gamma: float = 1.0  # GAE's discount (verl's default)
+    lam: float = 1.0  # GAE's lambda (verl's default)
+    cliprange_value: float = 0.5  # the value loss's clip around the critic's old values (verl's)
+    critic_lr: float | None = None  # the critic's own AdamW learning rate; None = lr
     # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
     mu: int = 1
     # iterative GRPO: copy the policy into the reference every N steps (0 = never)
@@ -259,7 +267,7 @@ class TrainConfig:
         validate(self)
 
 
-METHODS = ("grpo", "rft", "sft_answers", "sft_more")
+METHODS = ("grpo", "ppo", "rft", "sft_answers", "sft_more")
 SUPERVISIONS = ("outcome", "process", "both")
 GSM8K_DIR = TrainConfig.data_dir  # data_dir's default, GSM8K's
 # dataset="math": training (downloaded on first use), held out (shipped)

@@ -6,7 +6,7 @@ order a step reads them:
     loss = loss_of(cfg)  # once, at set-up: one part of each table, settings bound
     batches = make_micro_batches(prompts, completions, size, pad_id, device, sampler_logprobs)
     add_logprobs(reference, batches, "ref_logp", temperature, chunk, autocast)  # beta > 0: anchor
-    set_advantages(batches, advantages_of(samples, batches, cfg))  # per completion or per token
+    set_rows(batches, "advantages", advantages_of(samples, batches, cfg))  # per completion, token
     stats = update(policy, optimizer, batches, loss, cfg, lr, autocast)  # mu optimizer steps
 
 The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE; group or batch
@@ -66,6 +66,8 @@ class MicroBatch:
     old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
     ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
     sampler_logp: torch.Tensor | None = None  # [b, N] as the sampler computed them when it drew
+    values: torch.Tensor | None = None  # [b, N] the critic's, before the update (PPO only)
+    returns: torch.Tensor | None = None  # [b, N] what the critic learns to predict (PPO only)
 
 
 def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
@@ -129,8 +131,7 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
     the tokens, 0-d, no grad: the logged mean) or "tokens" ([b, N], each position's, with grad where
     grad is on: an entropy bonus reads it). Only masked positions go through lm_head, `chunk`
     tokens at a time, each chunk recomputed in backward instead of stored."""
-    hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
-    hidden = hidden[:, batch.prompt_width - 1:-1][batch.mask]  # [M, dim]: position t scores t+1
+    hidden = completion_hidden(model, batch)  # [M, dim]
     targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
     logps, entropies = [], []
     for start in range(0, targets.numel(), chunk):
@@ -149,6 +150,12 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
             total = total + ent.sum()
         return logp, total
     return logp, _scattered(entropies, batch.mask, hidden) if entropy == "tokens" else None
+
+
+def completion_hidden(model, batch: MicroBatch) -> torch.Tensor:
+    """The final normed hidden states [M, dim] that predict the M completion tokens of batch."""
+    hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
+    return hidden[:, batch.prompt_width - 1:-1][batch.mask]  # position t scores token t + 1
 
 
 def _chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
@@ -348,15 +355,92 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
     return at_end.flip(1).cumsum(1).flip(1)
 
 
-def set_advantages(batches: list[MicroBatch], advantages: torch.Tensor):
-    """advantages: [B] (one per completion) or [B, T] (per token, T >= the longest completion), in
-    the step's row order: each micro-batch takes its rows and, per token, its own N completion
-    columns."""
+def gae_advantages(samples, batches: list[MicroBatch], cfg) -> tuple[torch.Tensor, ...]:
+    """PPO's advantages and returns [B, T] (method="ppo", as verl and InstructGPT compute them), and
+    its stats: each completion's reward at its last token, less beta times each token's log-ratio
+    to the reference with kl_estimator="k1_reward" (token_rewards); GAE on the critic's values
+    (gae); the advantages whitened over the step's tokens (whitened). The stats: what the values
+    explain of the returns (explained_variance), returns_mean, values_mean. One process
+    (config.validate)."""
+    width = max(samples.lengths)
+    mask = per_row(batches, lambda batch: batch.mask, width)  # [B, T]
+    values = per_row(batches, lambda batch: batch.values, width)
+    log_ratio = None
+    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # per token, in the rewards
+        log_ratio = per_row(batches, lambda batch: batch.sampler_logp - batch.ref_logp, width)
+    rewards = token_rewards(torch.tensor(samples.rewards), mask, log_ratio, cfg.beta)
+    advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
+
+    def mean(x):
+        return (x * mask).sum() / mask.sum()
+
+    def variance(x):  # unbiased, over the step's tokens
+        return mean((x - mean(x)) ** 2) * mask.sum() / (mask.sum() - 1).clamp(min=1)
+    stats = {"explained_variance": 1 - variance(returns - values) / (variance(returns) + 1e-5),
+             "returns_mean": mean(returns), "values_mean": mean(values)}
+    return whitened(advantages, mask), returns, {key: value.item() for key, value in stats.items()}
+
+
+def per_row(batches: list[MicroBatch], values, width: int) -> torch.Tensor:
+    """[B, width] float32 (on the CPU), row i holding values(batch) [b, N] of the micro-batch that
+    holds step row i; 0 past its N columns."""
+    n = sum(len(batch.rows) for batch in batches)
+    out = torch.zeros(n, width)
     for batch in batches:
-        rows = advantages[batch.rows]
-        if advantages.dim() == 2:  # per token: this micro-batch's N completion columns
+        out[batch.rows, :batch.mask.shape[1]] = values(batch).float().cpu()
+    return out
+
+
+def token_rewards(rewards, mask, log_ratio=None, beta: float = 0.0) -> torch.Tensor:
+    """Per-token rewards [B, T] for GAE: each completion's reward [B] at its last token (mask
+    [B, T]: its completion tokens), and with log_ratio [B, T] (log pi_sampler - log pi_ref) minus
+    beta times it at every token: PPO-RLHF's KL in the reward (k1; InstructGPT, arXiv:2203.02155,
+    eq. 2)."""
+    last = mask.long().sum(dim=1) - 1  # [B]
+    out = torch.zeros(mask.shape)
+    out[torch.arange(len(rewards)), last] = rewards.float()
+    if log_ratio is not None:
+        out = out - beta * log_ratio * mask
+    return out
+
+
+def gae(rewards, values, mask, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv:1506.02438): rewards, values,
+    mask [B, T] -> advantages [B, T], A_t = sum_k (gamma lam)^k delta_{t+k}, delta_t = r_t +
+    gamma V_{t+1} - V_t (V after a row's last token is 0), and returns A + V, the critic's targets.
+    verl's compute_gae_advantage_return before its whitening; with gamma = lam = 1 (its defaults)
+    A_t is the reward still to come less V_t."""
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.shape[0])
+    running = torch.zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        inside = mask[:, t].float()
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        # past a row's end nothing changes: the running sums wait for its last token
+        running = inside * (delta + gamma * lam * running) + (1 - inside) * running
+        next_value = inside * values[:, t] + (1 - inside) * next_value
+        advantages[:, t] = running
+    return advantages, advantages + values
+
+
+def whitened(x, mask) -> torch.Tensor:
+    """x [B, T] less its mean over the masked entries, times rsqrt(their unbiased variance + 1e-8):
+    verl's masked_whiten, PPO's normalisation of its advantages over the batch."""
+    count = mask.sum()
+    mean = (x * mask).sum() / count
+    variance = ((x - mean) ** 2 * mask).sum() / (count - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(variance + 1e-8)
+
+
+def set_rows(batches: list[MicroBatch], field: str, values: torch.Tensor):
+    """values of the step's rows ("advantages", "returns"): [B] (one per completion) or [B, T] (per
+    token, T >= the longest completion), in the step's row order: each micro-batch takes its rows
+    and, per token, its own N completion columns, as its `field`."""
+    for batch in batches:
+        rows = values[batch.rows]
+        if values.dim() == 2:  # per token: this micro-batch's N completion columns
             rows = rows[:, :batch.mask.shape[1]]
-        batch.advantages = rows.to(batch.ids.device)
+        setattr(batch, field, rows.to(batch.ids.device))
 
 
 # -----------------------------------------------------------------------------
@@ -417,6 +501,55 @@ def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
     if measure_gap:
         totals["logprob_gap_max"] = max_over_ranks(gap_max)
     return totals
+
+
+@torch.no_grad()
+def add_values(critic, batches: list[MicroBatch], autocast):
+    """Fill each micro-batch's `values` with the critic's (completion_values) before the update: the
+    V of GAE and the V_old the value loss clips around."""
+    for batch in batches:
+        with autocast:
+            batch.values = completion_values(critic, batch)
+
+
+def completion_values(critic, batch: MicroBatch) -> torch.Tensor:
+    """The critic's values [b, N] fp32 (0 off the mask): its scalar head on the hidden state that
+    predicts each completion token, the value of the prefix before it."""
+    values = critic.value_head(completion_hidden(critic.body, batch)).squeeze(-1).float()  # [M]
+    return torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values)
+
+
+def critic_update(critic, optimizer, batches: list[MicroBatch], cfg, lr: float, autocast) -> dict:
+    """cfg.mu optimizer steps of PPO's critic on value_loss over the step's micro-batches (the whole
+    step's token count the normaliser); returns value_loss and value_clip_frac (means over the mu
+    steps) and critic_grad_norm."""
+    tokens = sum(batch.loss_mask.sum() for batch in batches).clamp(min=1)
+    stats = {}
+    for _ in range(cfg.mu):
+        totals = {}
+        for batch in batches:
+            with autocast:
+                values = completion_values(critic, batch)
+            loss, clipped = value_loss(values, batch.values, batch.returns, batch.loss_mask.float(),
+                                       tokens, cfg.cliprange_value)
+            loss.backward()
+            for key, value in (("value_loss", loss.detach()), ("value_clip_frac", clipped)):
+                totals[key] = totals.get(key, 0) + value
+        totals["critic_grad_norm"] = optimizer_step(critic, optimizer, lr, cfg.grad_clip,
+                                                    loss=totals["value_loss"])
+        stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in totals.items()}
+    return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+
+
+def value_loss(values, old_values, returns, mask, num_tokens, cliprange: float):
+    """PPO's clipped value loss (verl's compute_value_loss, token-mean): 0.5 sum_t max((V - R)^2,
+    (clip(V, V_old - c, V_old + c) - R)^2) / num_tokens, over mask [b, N]; and the share of tokens
+    whose clipped term is the larger (value_clip_frac), as this micro-batch's part of the step's."""
+    clipped = torch.max(torch.min(values, old_values + cliprange), old_values - cliprange)
+    unclipped_loss = (values - returns) ** 2
+    clipped_loss = (clipped - returns) ** 2
+    loss = 0.5 * (torch.max(unclipped_loss, clipped_loss) * mask).sum() / num_tokens
+    return loss, ((clipped_loss > unclipped_loss) * mask).sum().detach() / num_tokens
 
 
 @dataclass
@@ -896,7 +1029,7 @@ def configure_optimizer(model, lr: float, weight_decay: float = 0.0,
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=model.lm_head.weight.is_cuda)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=params[0].is_cuda)
 
 
 def optimizer_updates(optimizer) -> int:
@@ -960,8 +1093,20 @@ def check_settings(cfg):
         raise ValueError("adv_scale='none' (no std) and scale_rewards='batch' (the batch's std) "
                          "disagree; adv_scale is scale_rewards' older name: set scale_rewards "
                          "alone")
+    if cfg.method == "ppo":
+        check_ppo_settings(cfg)
+    else:
+        check_group_settings(cfg)
+    switched = [key for key, off in SWITCHES_OFF.items() if getattr(cfg, key) != off]
+    if cfg.method not in ("grpo", "ppo") and switched:
+        raise ValueError(f"{', '.join(switched)} shape GRPO's loss; method={cfg.method!r} trains "
+                         "without it")
+
+
+def check_group_settings(cfg):
+    """GRPO's advantage settings: a baseline and scale group_advantages computes for this group
+    size, k1_reward's needs (the penalty lives in the outcome advantages), none of PPO's keys."""
     check_advantage_settings(cfg.adv_baseline, reward_scale(cfg), cfg.group_size)
-    # the penalty lives in the outcome advantages
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         if cfg.supervision == "process":
             raise ValueError("kl_estimator='k1_reward' puts the KL in the outcome rewards, which "
@@ -973,13 +1118,38 @@ def check_settings(cfg):
                              "divides beta back out and the KL alone gets unit-sized advantages; "
                              "set scale_rewards='none' (Dr. GRPO), or keep a std with a "
                              "loss-side estimator (k3_is)")
-    switched = [key for key, off in SWITCHES_OFF.items() if getattr(cfg, key) != off]
-    if cfg.method != "grpo" and switched:
-        raise ValueError(f"{', '.join(switched)} shape GRPO's loss; method={cfg.method!r} trains "
-                         "without it")
+    changed = [key for key, default in PPO_DEFAULTS.items() if getattr(cfg, key) != default]
+    if changed:
+        raise ValueError(f"{', '.join(changed)}: PPO's (method='ppo'); method={cfg.method!r} has "
+                         "no critic")
 
 
-# the loss's switches, each off: what only method="grpo" reads
+def check_ppo_settings(cfg):
+    """PPO's settings: GAE's gamma and lam in [0, 1], a positive value clip and critic learning
+    rate, outcome rewards, no LoRA (the critic copies the whole policy), and none of GRPO's
+    advantage settings, which GAE replaces (one process: config.validate)."""
+    if not (0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1):
+        raise ValueError(f"gamma and lam must lie in [0, 1], got {cfg.gamma}, {cfg.lam}")
+    if not 0 < cfg.cliprange_value < math.inf:
+        raise ValueError(f"cliprange_value must be a finite number > 0, got {cfg.cliprange_value}")
+    if cfg.critic_lr is not None and not 0 < cfg.critic_lr < math.inf:
+        raise ValueError(f"critic_lr must be None (lr) or a finite number > 0, got {cfg.critic_lr}")
+    grouped = {key: getattr(cfg, key) for key, default in GROUP_DEFAULTS.items()
+               if getattr(cfg, key) != default}
+    if grouped:
+        raise ValueError(f"{grouped} shape GRPO's group advantages; method='ppo' computes GAE on "
+                         "its critic's values instead")
+    if cfg.supervision != "outcome" or cfg.lora_rank or cfg.dynamic_sampling:
+        raise ValueError("method='ppo' needs supervision='outcome', no LoRA (its critic is a whole "
+                         "copy of the policy) and no dynamic_sampling; got "
+                         f"{cfg.supervision!r}, lora_rank={cfg.lora_rank}, "
+                         f"dynamic_sampling={cfg.dynamic_sampling}")
+
+
+# GRPO's advantage keys, and PPO's, with their defaults: what the other method must leave alone
+GROUP_DEFAULTS = {"adv_baseline": "mean", "scale_rewards": "group", "adv_scale": "std"}
+PPO_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "cliprange_value": 0.5, "critic_lr": None}
+# the loss's switches, each off: what only method="grpo" and "ppo" read
 SWITCHES_OFF = {"policy_loss": "clip", "delta": None, "importance_sampling_correction": False,
                 "tis_cap": None, "off_policy_mask_threshold": None, "top_entropy_quantile": 1.0,
                 "entropy_coef": 0.0, "mask_truncated_completions": False}

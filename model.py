@@ -359,6 +359,21 @@ class LoRALinear(nn.Module):
         return base + self.scale * low_rank
 
 
+class Critic(nn.Module):
+    """PPO's value model (method="ppo"): a transformer of the policy's shape whose final normed
+    hidden state at each position a scalar head reads, the value of the prefix so far. Made from
+    the policy (its weights: the warm start's, where there is one) with the head at zero, so that
+    every value starts at 0; trained by its own optimizer (grpo.critic_update)."""
+
+    def __init__(self, policy: "Transformer"):
+        super().__init__()
+        self.body = copy.deepcopy(policy)
+        weight = policy.lm_head.weight
+        self.value_head = nn.Linear(policy.config.dim, 1, device=weight.device, dtype=weight.dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+
 def _fused(*parameters: nn.Parameter) -> torch.Tensor:
     """The parameters' values in one tensor, stacked along their first dimension; each parameter
     becomes a view of its rows."""

@@ -88,7 +88,10 @@ def speed_metrics(samples: Samples, cfg, template) -> dict:
 
 
 def group_metrics(samples: Samples, cfg, template) -> dict:
-    """The share of groups whose rewards are all equal (they carry no signal)."""
+    """The share of groups whose rewards are all equal (they carry no signal); none for groups of
+    one (classic PPO)."""
+    if cfg.group_size == 1:
+        return {}
     rewards = torch.tensor(samples.rewards)
     return {"zero_std_frac": zero_std_group_fraction(rewards, cfg.group_size).item()}
 

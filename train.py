@@ -9,7 +9,8 @@ rewards only (DeepSeek-R1-Zero, arXiv:2501.12948), on one device, or data-parall
 
 The loop (train): set up (data, tokenizer, model, a supervised warm start), evaluate, then grpo_step
 after grpo_step: the step computes (act: rollout.py; learn: grpo.py; sync the sampler), the loop
-records (records.py), evaluates and saves. `method` swaps in a baseline (sft.py).
+records (records.py), evaluates and saves. `method` swaps in a baseline (sft.py), or PPO: the
+same step with a learned critic (GAE for the group baseline, and the critic's own update).
 """
 import contextlib
 import json
@@ -31,9 +32,10 @@ from data import load_problems
 from distributed import (broadcast_weights, copy_weights, from_every_rank, init_distributed,
                          leave_together, rank, sharded, spread)
 from eval import held_out_eval
-from grpo import (Loss, add_logprobs, advantages_of, configure_optimizer, loss_of,
-                  make_micro_batches, mark_high_entropy, set_advantages, update, warmup_lr)
-from model import Transformer, resolve_device, set_attention_backends
+from grpo import (Loss, add_logprobs, add_values, advantages_of, configure_optimizer, critic_update,
+                  gae_advantages, loss_of, make_micro_batches, mark_high_entropy, set_rows, update,
+                  warmup_lr)
+from model import Critic, Transformer, resolve_device, set_attention_backends
 from records import Tracker, progress, shown_samples, step_record
 from reward_models import load_rewards
 from rollout import QuestionStream, Samples, Sampling, Scoring, sample_groups, sampling_of
@@ -65,6 +67,8 @@ class Run:
     ddp: torch.nn.Module | None = None  # torchrun, sharding="ddp": the loss runs through it
     warm_set: str = ""  # the warm-start set's fingerprint (checkpoint.fingerprint)
     run_id: str = ""  # the run's own id (a resumed run goes on in the same wandb run)
+    critic: Critic | None = None  # method="ppo": the value model, and its own optimizer
+    critic_optimizer: torch.optim.Optimizer | None = None
 
 # -----------------------------------------------------------------------------
 # the loop
@@ -97,7 +101,8 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
         summary["pass@1_start"] = held_out_eval(run, cfg, tracker)
     bar = tqdm(range(run.step + 1, cfg.max_steps + 1), initial=run.step, total=cfg.max_steps,
                desc=cfg.method, dynamic_ncols=True, disable=rank() != 0)
-    step_of = {"grpo": grpo_step, "rft": rft_step, "sft_answers": sft_step, "sft_more": sft_step}
+    step_of = {"grpo": grpo_step, "ppo": grpo_step, "rft": rft_step, "sft_answers": sft_step,
+               "sft_more": sft_step}
     for step in bar:
         with saved_on_failure(run, cfg, step, ckpt_path):  # a failure keeps the steps before
             samples, stats = step_of[cfg.method](run, cfg, step)
@@ -139,7 +144,8 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     trained = samples.stopped if cfg.mask_truncated_completions else None  # DAPO: no truncated
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs, trained)
-    # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too
+    # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too;
+    # PPO: the critic's values
     if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy without its adapters
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature,
@@ -150,14 +156,26 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if cfg.top_entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
         mark_high_entropy(run.policy, batches, cfg.top_entropy_quantile, cfg.temperature,
                           cfg.logprob_chunk, run.autocast)
-    # 3. advantages: the rewards normalised within each group
-    set_advantages(batches, advantages_of(samples, batches, cfg))
+    if run.critic is not None:
+        add_values(run.critic, batches, run.autocast)
+    # 3. advantages: the rewards normalised within each group; PPO: GAE on the critic's values
+    critic_stats = {}
+    if run.critic is None:
+        set_rows(batches, "advantages", advantages_of(samples, batches, cfg))
+    else:
+        advantages, returns, critic_stats = gae_advantages(samples, batches, cfg)
+        set_rows(batches, "advantages", advantages)
+        set_rows(batches, "returns", returns)
     if device.type == "cuda":
         torch.cuda.synchronize()  # so the phase timings below are honest
     t2 = time.perf_counter()
     # 4. update: mu optimizer steps on the clipped objective, whole-batch normalisers
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
     stats = update(run.policy, run.optimizer, batches, run.loss, cfg, lr, run.autocast, run.ddp)
+    if run.critic is not None:  # PPO: the critic's mu steps on the clipped value loss
+        critic_lr = warmup_lr(cfg.critic_lr or cfg.lr, step, cfg.warmup_steps)
+        stats.update(critic_stats, **critic_update(run.critic, run.critic_optimizer, batches, cfg,
+                                                   critic_lr, run.autocast))
     # 5. sync the sampler: it generates the next step's rollout with the new weights
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
@@ -220,15 +238,18 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     one_model = dtype == torch.float32 and not sharded(cfg.sharding)  # the policy samples itself
     # the sampler: the policy itself, or its copy with fused projections (kernels.decode_step)
     sampler = policy if one_model else policy.frozen_copy(dtype).fuse_projections()
-    with_reference = cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method == "grpo"
+    with_reference = cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method in ("grpo", "ppo")
     reference = policy.frozen_copy(dtype) if with_reference else None
+    critic = Critic(policy) if cfg.method == "ppo" else None  # PPO: from the policy's weights
     ddp = spread(policy, cfg.sharding, device)  # torchrun: DDP replicas, or FSDP2 shards
     run = Run(policy=policy, sampler=sampler, reference=reference,
               optimizer=configure_optimizer(policy, cfg.lr, cfg.weight_decay, cfg.adam_betas),
               loss=loss_of(cfg),
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer,
               template=template, problems=problems, prompts=prompts, heldout=heldout,
-              autocast=autocast, ddp=ddp, warm_set=fingerprint(warm), run_id=run_id,
+              autocast=autocast, ddp=ddp, warm_set=fingerprint(warm), run_id=run_id, critic=critic,
+              critic_optimizer=critic and configure_optimizer(critic, cfg.critic_lr or cfg.lr,
+                                                              cfg.weight_decay, cfg.adam_betas),
               sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
                                    cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,
                                    fused_decode=cfg.fused_decode),

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 import distributed
 import train
 from grpo import (add_logprobs, configure_optimizer, loss_of, make_micro_batches, optimizer_step, policy_gradient,
-                  set_advantages)
+                  set_rows)
 from model import ModelConfig, Transformer
 from template import CharTokenizer
 from test_guards import log_steps, tiny
@@ -50,7 +50,7 @@ def one_update(rows: slice, sharding: str | None) -> dict:
     optimizer = configure_optimizer(policy, UPDATE.lr)
     prompts, completions, advantages = rollouts()
     batches = make_micro_batches(prompts[rows], completions[rows], UPDATE.micro_batch_size, 0, "cpu")
-    set_advantages(batches, advantages[rows])
+    set_rows(batches, "advantages", advantages[rows])
     add_logprobs(reference, batches, "ref_logp", UPDATE.temperature, UPDATE.logprob_chunk, NO_AUTOCAST)
     stats = policy_gradient(ddp or policy, batches, loss_of(UPDATE), UPDATE, NO_AUTOCAST)
     grads = {name: distributed.whole(p.grad).clone() for name, p in policy.named_parameters()}  # before clipping

@@ -10,7 +10,7 @@ import torch
 import grpo
 import train
 from config import TrainConfig
-from grpo import add_logprobs, grpo_loss, loss_of, make_micro_batches, policy_gradient, set_advantages
+from grpo import add_logprobs, grpo_loss, loss_of, make_micro_batches, policy_gradient, set_rows
 from records import step_record
 from test_guards import log_steps, saved_step, tiny
 from test_train import random_rows, tiny_model
@@ -254,7 +254,7 @@ def test_truncated_completions_leave_the_loss_and_its_normalisers_but_stay_measu
         model, reference = tiny_model(), tiny_model(seed=1)
         batches = make_micro_batches([prompts[i] for i in rows], [completions[i] for i in rows], size, 0, "cpu",
                                      trained=kept)
-        set_advantages(batches, advantages[list(rows)])
+        set_rows(batches, "advantages", advantages[list(rows)])
         add_logprobs(reference, batches, "ref_logp", 1.0, 4, NO_AUTOCAST)
         stats = policy_gradient(model, batches, loss_of(cfg), cfg, NO_AUTOCAST)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
@@ -270,7 +270,7 @@ def test_a_step_whose_completions_are_all_masked_gives_zero_gradient_not_a_crash
     cfg = TrainConfig(beta=0.0, logprob_chunk=4, mask_truncated_completions=True)
     model = tiny_model()
     batches = make_micro_batches(prompts, completions, 2, 0, "cpu", trained=[False] * 4)
-    set_advantages(batches, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    set_rows(batches, "advantages", torch.tensor([1.0, -1.0, 0.5, -0.5]))
     stats = policy_gradient(model, batches, loss_of(cfg), cfg, NO_AUTOCAST)
     assert stats["loss"] == 0 and all(p.grad is not None and not p.grad.any() for p in model.parameters())
     assert stats["entropy"] > 0  # still measured over the completion tokens

@@ -12,7 +12,7 @@ from conftest import qwen_tokenizer_dir
 from data import load_gsm8k, write_jsonl
 from template import CharTokenizer
 from grpo import (MicroBatch, add_logprobs, completion_logprobs, configure_optimizer, loss_of, make_micro_batches,
-                  pack, policy_gradient, set_advantages)
+                  pack, policy_gradient, set_rows)
 from model import ModelConfig, Transformer
 from sample import generate
 from sft import sft_text
@@ -194,7 +194,7 @@ def test_micro_batched_gradients_and_stats_equal_the_full_batch():
             model = tiny_model()
             reference = tiny_model(seed=1)
             batches = make_micro_batches(prompts, completions, size, 0, "cpu")
-            set_advantages(batches, advantages)
+            set_rows(batches, "advantages", advantages)
             cfg = TrainConfig(loss_agg=loss_agg, beta=0.1, logprob_chunk=4)
             add_logprobs(reference, batches, "ref_logp", cfg.temperature, cfg.logprob_chunk, no_autocast)
             stats.append(policy_gradient(model, batches, loss_of(cfg), cfg, no_autocast))
@@ -233,7 +233,7 @@ def test_grpo_updates_raise_the_reward_on_a_toy_task():
         completions = rollout.tokens.tolist()
         rewards = torch.tensor([float(c[0] % 2 == 0) for c in completions])
         batches = make_micro_batches(batch_prompts, completions, 16, 0, "cpu")
-        set_advantages(batches, group_advantages(rewards, 8))
+        set_rows(batches, "advantages", group_advantages(rewards, 8))
         policy_gradient(model, batches, loss_of(cfg), cfg, torch.autocast("cpu", enabled=False))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

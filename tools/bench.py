@@ -344,7 +344,8 @@ def bench_trl(shape: dict, work: dict, device, dtype, beta: float, micro: int, g
 
     rows = work["prompts"] * work["group"]
     with tempfile.TemporaryDirectory() as directory:
-        # TRL trains the weights in the checkpoint's dtype: bf16 on the GPU, as Qwen ships (ours keeps fp32 masters)
+        # TRL 1.16 loads the model in fp32 when model_init_kwargs names no dtype (its default) and trains under bf16
+        # autocast (bf16=True): fp32 weights and AdamW states, as ours, whatever dtype the checkpoint is saved in
         hf = hf_model(shape, device, dtype)
         hf.save_pretrained(directory)
         del hf  # TRL loads its own copy; this one must not count in its peak
