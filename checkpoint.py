@@ -3,7 +3,8 @@ What a run keeps on disk and reads back: ckpt.pt written atomically, reading a c
 init_from, and loading a model with its tokenizer (train.py and eval.py alike); out_dir's own rules
 are in run_management.py.
 
-ckpt.pt holds everything --resume needs: model, optimizer, reference, step, question order, config;
+ckpt.pt holds everything --resume needs: model, optimizer, reference, step, question order, config
+(PPO: its critic and the critic's optimizer);
 sft.pt the weights right after the warm start. Both are dicts of tensors and plain values, read with
 weights_only=True.
 """
@@ -44,6 +45,9 @@ def save_checkpoint(run, cfg, path: str, full: bool = True):
                               for i, moments in optimizer["state"].items()}
         state.update(optimizer=optimizer, stream=run.stream.state_dict(),
                      reference=run.reference.state_dict() if run.reference is not None else None)
+        if run.critic is not None:  # PPO: the value model and its own optimizer
+            state.update(critic=run.critic.state_dict(),
+                         critic_optimizer=run.critic_optimizer.state_dict())
     if rank() == 0:
         write_checkpoint(state, path, f"step {run.step}")
 
@@ -100,9 +104,10 @@ def write_checkpoint(state: dict, path: str, what: str):
 def checkpoint_bytes(state: dict) -> int:
     """About how many bytes torch.save writes for state: its tensors, plus under 200 bytes a tensor
     of zip records (measured) and some KB of pickled config and data order."""
-    tensors = ([t for part in (state["model"], state.get("reference") or {}) for t in part.values()]
-               + [t for s in state.get("optimizer", {"state": {}})["state"].values()
-                  for t in s.values()])
+    weights = ("model", "reference", "critic")
+    tensors = ([t for part in weights for t in (state.get(part) or {}).values()]
+               + [t for name in ("optimizer", "critic_optimizer")
+                  for s in state.get(name, {"state": {}})["state"].values() for t in s.values()])
     return sum(t.numel() * t.element_size() for t in tensors) + 4096 * len(tensors) + 2**20
 
 
@@ -117,6 +122,9 @@ def restore(run, state: dict):
     run.stream.load_state_dict(state["stream"])
     if run.reference is not None:
         run.reference.load_state_dict(state["reference"])
+    if run.critic is not None:
+        run.critic.load_state_dict(state["critic"])
+        run.critic_optimizer.load_state_dict(state["critic_optimizer"])
 
 
 def size(nbytes: int) -> str:

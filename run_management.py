@@ -168,7 +168,8 @@ def model_config(cfg, vocab_size: int) -> ModelConfig | None:
 
 
 # memory_bytes' parts by phase
-PHASES = {"sampling": ("KV cache", "prefill"), "update": ("gradients", "logits chunk")}
+PHASES = {"sampling": ("KV cache", "prefill"), "the update": ("gradients", "logits chunk"),
+          "the critic's update": ("critic gradients",)}
 # the other parts are held through the whole run
 PHASED = {name for names in PHASES.values() for name in names}
 
@@ -180,8 +181,10 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
     bf16 copies (2 B/param each, when there are). While sampling (PHASES): the KV cache and the
     prefill (sample.prefill_nbytes) of the larger of a training step's rows and an evaluation's
     batch, at the longest prompt prompt_len. While updating: the gradients (4 B per trained param)
-    and one chunk of logits. Activations come on top (grad_checkpointing and micro_batch_size bound
-    them); memory_gb in log.jsonl measures it all."""
+    and one chunk of logits. PPO (method="ppo") holds its critic too, a policy-sized fp32 model
+    with its AdamW state, and its gradients while the critic updates (after the policy's are
+    freed). Activations come on top (grad_checkpointing and micro_batch_size bound them);
+    memory_gb in log.jsonl measures it all."""
     with torch.device("meta"):  # counted, not allocated
         model = Transformer(config)
         params = model.num_params()
@@ -191,14 +194,17 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
     low = cfg.dtype != "float32"  # the sampler and the reference are bf16 copies on a GPU
     sampler_dtype = torch.bfloat16 if low else torch.float32
     rows = max(cfg.prompts_per_step * cfg.group_size // world_size(), cfg.eval_batch_size)
+    critic = params + config.dim + 1 if cfg.method == "ppo" else 0  # the policy's shape, a head
     return {"fp32 weights": 4 * params, "AdamW state": 8 * trained,
             "sampler copy": 2 * params if low else 0,
             "reference copy": (2 * params if low and cfg.beta > 0 and cfg.lora_rank == 0
-                               and cfg.method == "grpo" else 0),
+                               and cfg.method in ("grpo", "ppo") else 0),
+            "critic weights": 4 * critic, "critic AdamW state": 8 * critic,
             "KV cache": KVCache.nbytes(config, rows, prompt_len + cfg.max_new_tokens,
                                        sampler_dtype),
             "prefill": prefill_nbytes(config, rows, prompt_len, sampler_dtype),
-            "gradients": 4 * trained, "logits chunk": 2 * 4 * cfg.logprob_chunk * config.vocab_size}
+            "gradients": 4 * trained, "logits chunk": 2 * 4 * cfg.logprob_chunk * config.vocab_size,
+            "critic gradients": 4 * critic}
 
 
 def memory_need(parts: dict[str, int]) -> int:
@@ -212,10 +218,11 @@ def memory_estimate(parts: dict[str, int]) -> str:
     """memory_need(parts) in words, with its parts: held, and each phase's."""
     def listed(names):
         return ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])
+    phases = [f"{phase}: {listed(names)}" for phase, names in PHASES.items()
+              if any(parts[name] for name in names)]
     return (f"{size(memory_need(parts))} at least (held: "
             f"{listed([n for n in parts if n not in PHASED])}; then the "
-            f"larger of sampling: {listed(PHASES['sampling'])}, and the update: "
-            f"{listed(PHASES['update'])})")
+            f"{'larger' if len(phases) == 2 else 'largest'} of {', and '.join(phases)})")
 
 
 def check_machine(cfg, device: torch.device, config: ModelConfig | None, prompt_len: int,

@@ -243,15 +243,15 @@ def test_eval_cli_scores_the_demo_heldout_file_with_pass_at_k(tmp_path):
 
 
 def test_an_unknown_method_is_named(tmp_path):
-    with pytest.raises(ValueError, match="method must be one of .*'rft'.*got 'ppo'"):
-        tiny_config(tmp_path, method="ppo")
+    with pytest.raises(ValueError, match="method must be one of .*'ppo', 'rft'.*got 'dpo'"):
+        tiny_config(tmp_path, method="dpo")
 
 
-def test_only_grpo_keeps_a_reference_model(tmp_path):
-    for files, has_reference in (((), True), (("demo_rft.py",), False)):  # even with a KL weight, RFT has no use for one
-        train.train(tiny_config(tmp_path / str(has_reference), *files, sft_steps=0, eval_every=0, max_steps=1,
-                                beta=0.04))
-        state = torch.load(tmp_path / str(has_reference) / "ckpt.pt", weights_only=True)
+def test_only_grpo_and_ppo_keep_a_reference_model(tmp_path):
+    for files, has_reference in (((), True), (("demo_rft.py",), False), (("demo_ppo.py",), True)):  # RFT has no use for one
+        out = tmp_path / "_".join(files or ("grpo",))
+        train.train(tiny_config(out, *files, sft_steps=0, eval_every=0, max_steps=1, beta=0.04))
+        state = torch.load(out / "ckpt.pt", weights_only=True)
         assert (state["reference"] is not None) == has_reference
 
 

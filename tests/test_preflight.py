@@ -164,9 +164,15 @@ def test_a_prefill_that_does_not_fit_is_refused_before_any_work_naming_the_knobs
 
 
 def test_tools_memory_prints_the_estimate_without_a_gpu_or_the_weights(tmp_path):
-    """tools/memory.py: the preflight's estimate of a config, from a config.json and a longest prompt, offline."""
+    """tools/memory.py: the preflight's estimate of a config, from a config.json and a longest prompt, offline; GRPO's,
+    and PPO's beside it (issue 57): its critic, a policy-sized fp32 model with a head, holds 4 B of weights and 8 B of
+    AdamW state per parameter, and its 4 B of gradients come in a phase of their own."""
     import memory
     (tmp_path / "config.json").write_text(json.dumps(QWEN_1_5B))
-    line = memory.main([os.path.join(ROOT, "configs", "math.py"), f"--hf_config={tmp_path / 'config.json'}",
-                        "--prompt_len=1740"])
-    assert line.startswith("Qwen/Qwen2.5-Math-1.5B (its shape: ") and "1740 tokens: 57.62 GB at least (held: " in line
+    lines = memory.main([os.path.join(ROOT, "configs", "math.py"), f"--hf_config={tmp_path / 'config.json'}",
+                         "--prompt_len=1740"]).splitlines()
+    assert lines[0].startswith("Qwen/Qwen2.5-Math-1.5B (its shape: ") and lines[0].endswith("1740 tokens:")
+    assert lines[1].startswith("  grpo: 57.62 GB at least (held: ") and "critic" not in lines[1]
+    assert lines[2].startswith("  ppo: ") and "critic weights 6.17 GB, critic AdamW state 12.35 GB" in lines[2]
+    grpo, ppo = (float(line.split(": ")[1].split(" GB")[0]) for line in lines[1:])
+    assert ppo == pytest.approx(grpo + 6.17 + 12.35, abs=0.02)  # the critic's gradients fit under the update's peak

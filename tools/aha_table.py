@@ -7,12 +7,15 @@ warm starts, and the final models sampled at T=1.
     python tools/aha_table.py --summary            # the tables of the runs already there
 
 Per warm start s: `python train.py configs/demo_aha.py --seed=s` (the warm start, then GRPO with RL seed s); then
-from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, the random-reward control with RL seeds s and s+1
+from its sft.pt, with --data_seed=s: GRPO with RL seed s+1, PPO with a learned critic with RL seeds s and s+1
+(configs/demo_ppo.py: one completion of each of 64 questions a step, GRPO's 64), the random-reward control with RL
+seeds s and s+1
 (--random_reward at GRPO's training accuracy over its first 10 steps from that warm start), and with RL seed s RFT
 (--method=rft) and REINFORCE (--adv_baseline=none --adv_scale=none, no baseline). And per seed s a warm start
 without any re-check (cue_share and reflect_share 0: the same carry slips, no reflection to amplify), then GRPO.
 Each final model and each warm start is then sampled 8 times per held-out question at T=1 (eval.py --n 8 --k 1,8).
-Every run uses one thread (two run side by side).
+Every run uses one thread (two run side by side); each run's wall seconds and peak resident memory are kept beside it
+(OUT_DIR.time, by GNU time where /usr/bin/time is).
 """
 import json
 import os
@@ -24,14 +27,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_table import ROOT, cell, early_accuracy, finished, read, run, table_main  # noqa: E402  (shared)
+from demo_table import ROOT, cell, cost, early_accuracy, finished, read, run, table_main  # noqa: E402  (shared)
 from records import trailing_mean  # noqa: E402  (demo_table put the repo root on the path)
 
 CONFIG = "configs/demo_aha.py"
 SETTINGS = runpy.run_path(os.path.join(ROOT, CONFIG))  # the config's variables
 STEPS = SETTINGS["max_steps"]
-METHODS = {"grpo": [], "rft": ["--method=rft"], "reinforce": ["--adv_baseline=none", "--adv_scale=none"],
-           "random": None, "no_reflection": []}  # random: --random_reward=rate, per warm start
+METHODS = {"grpo": [], "ppo": ["configs/demo_ppo.py"], "rft": ["--method=rft"],
+           "reinforce": ["--adv_baseline=none", "--adv_scale=none"], "random": None,
+           "no_reflection": []}  # random: --random_reward=rate, per warm start
 
 
 def no_reflection_args() -> str:
@@ -43,7 +47,7 @@ def runs(out: str, seeds: list[int]) -> list[tuple[str, int, int, str]]:
     """(method, warm seed, RL seed, out_dir) of every run of the tables, those that train a warm start first."""
     plan = [("grpo", s, s) for s in seeds] + [("no_reflection", s, s) for s in seeds]
     for s in seeds:
-        plan += [("grpo", s, s + 1), ("random", s, s), ("random", s, s + 1)]
+        plan += [("grpo", s, s + 1), ("ppo", s, s), ("ppo", s, s + 1), ("random", s, s), ("random", s, s + 1)]
     plan += [(m, s, s) for s in seeds for m in ("rft", "reinforce")]
     return [(m, s, r, os.path.join(out, f"w{s}_{m}_{r}")) for m, s, r in plan]
 
@@ -111,6 +115,7 @@ def figures(out_dir: str) -> dict | None:
               for key in ("reflect_rate", "entropy", "response_length")  # RFT's supervised update logs no entropy
               for part, rows in (("first", log[:10]), ("last", log[-10:]))}}
     out["length_ratio"] = out["response_length_last"] / out["response_length_first"]
+    out["cost"] = cost(out_dir)  # (wall seconds, peak MB)
     for name, prefix in (("ckpt", "T1_"), ("sft", "warm_T1_")):
         path = os.path.join(out_dir, f"{name}_eval", "summary.json")
         if os.path.exists(path):
@@ -126,13 +131,18 @@ def summary(out: str, seeds: list[int]) -> str:
     per_run = [(m, s, r, figures(d)) for m, s, r, d in runs(out, seeds)]
     rows = ["| method | runs | held-out pass@1 (%), first eval -> last | gain (points) | reflect_rate, first 10 "
             "steps -> last 10 | take-off by step 50 (runs) | length, last 10 steps / first 10 | entropy, first 10 -> "
-            "last 10 | T=1 pass@1 (%) | T=1 pass@8 (%) |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "last 10 | T=1 pass@1 (%) | T=1 pass@8 (%) | run seconds, peak MB (from sft.pt) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for method in METHODS:
         done = [f for m, _, _, f in per_run if m == method and f]
         if not done:
             continue
         get = lambda key: [f[key] for f in done]  # noqa: E731
         t1 = all("T1_pass@1" in f for f in done)
+        costs = [f["cost"] for m, s, r, f in per_run if m == method and f and f["cost"]
+                 and not trains_warm_start(m, s, r)]
+        spent = (f" {cell([c[0] for c in costs], digits=0)}, {cell([c[1] for c in costs], digits=0)} |" if costs
+                 else " |")
         rows.append(f"| {method} | {len(done)} | {cell([f['pass@1'][0] for f in done], 100)} -> "
                     f"{cell([f['pass@1'][-1] for f in done], 100)} | {cell(get('gain'), 100)} | "
                     f"{cell(get('reflect_rate_first'), digits=3)} -> {cell(get('reflect_rate_last'), digits=3)} | "
@@ -140,7 +150,8 @@ def summary(out: str, seeds: list[int]) -> str:
                     f"{cell(get('length_ratio'), digits=2)} | "
                     + (f"{cell(get('entropy_first'), digits=3)} -> {cell(get('entropy_last'), digits=3)} | "
                        if None not in get('entropy_first') else "not logged | ")
-                    + (f"{cell(get('T1_pass@1'), 100)} | {cell(get('T1_pass@8'), 100)} |" if t1 else "| |"))
+                    + (f"{cell(get('T1_pass@1'), 100)} | {cell(get('T1_pass@8'), 100)} |" if t1 else "| |")
+                    + spent)
 
     def accuracy(value):
         return "n/a" if value is None else f"{100 * value:.1f}"

@@ -14,6 +14,8 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
    built).
 2. GRPO step: train.py's own grpo_step on fixed-length prompts; seconds per phase (sample, reward, reference and
    old log-probs, update), peak allocated and reserved memory (CUDA allocator; on the CPU the process's peak RSS).
+   PPO: the same step as method="ppo", classic PPO with its critic (one completion of each of the 256 questions),
+   its seconds and memory beside GRPO's (--skip ppo leaves it out).
 3. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
    its wheels to a GPU machine), and the ratios. Speed does not depend on weight values, so random weights are a
    fair stand-in for the real checkpoints.
@@ -51,7 +53,7 @@ sys.path.insert(0, ROOT)  # the library's modules, from tools/
 from config import TrainConfig  # noqa: E402
 from grpo import configure_optimizer, loss_of  # noqa: E402
 import sample  # noqa: E402
-from model import KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
+from model import Critic, KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
 from records import step_record  # noqa: E402
 from rollout import QuestionStream, Scoring, sampling_of  # noqa: E402
 from sample import generate  # noqa: E402
@@ -77,7 +79,8 @@ WORKLOADS = {  # sampler: rows x (prompt + new); step: prompts x G x new, prompt
     "tiny": dict(rows=16, prompt_len=16, new_tokens=32, hf_new_tokens=32, prompts=4, group=4, step_new=16,
                  step_prompt_len=12, steps=3),
 }
-PARTS = ("sampler", "hf", "step", "trl", "profile")  # bench.py's parts, in the order they run (hf: in the sampler's)
+# bench.py's parts, in the order they run (hf: in the sampler's); ppo: the same step as PPO with its critic
+PARTS = ("sampler", "hf", "step", "ppo", "trl", "profile")
 GPU_CHECK_BUDGET_S = 540  # a device call is stopped at 600 s: the parts share less, leaving time to copy the results
 LARGEST_ARCHIVED = 8 * 2**20  # bytes: a file larger than this stays out of gpu_check.tar.gz (and says so)
 
@@ -213,13 +216,18 @@ def micro_batch(work: dict) -> int:
     return math.gcd(work["prompts"] * work["group"], 64)
 
 
-def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False):
-    """(run, cfg) for train.grpo_step on `ours` (copied to fp32 master weights, as train.py keeps them)."""
+def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False,
+             method: str = "grpo"):
+    """(run, cfg) for train.grpo_step on `ours` (copied to fp32 master weights, as train.py keeps them). method "ppo":
+    classic PPO with its critic (train.py's), one completion of each of prompts x group questions."""
     tokenizer = IdTokenizer(ours.config.vocab_size)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(1, tokenizer.eos_token_id, (work["prompts"], work["step_prompt_len"]),
                             generator=generator).tolist()
-    cfg = TrainConfig(model="bench", template="plain", group_size=work["group"], prompts_per_step=work["prompts"],
+    ppo = dict(method="ppo", group_size=1, prompts_per_step=work["prompts"] * work["group"]) if method == "ppo" else {}
+    prompts = prompts * (work["group"] if ppo else 1)  # as many completions, each of its own question
+    cfg = TrainConfig(**{"group_size": work["group"], "prompts_per_step": work["prompts"], **ppo},
+                      model="bench", template="plain",
                       max_new_tokens=work["step_new"], beta=beta, micro_batch_size=micro_batch_size, lr=1e-6,
                       warmup_steps=1, grad_checkpointing=grad_checkpointing, device=device.type,
                       dtype=str(dtype).removeprefix("torch."))
@@ -232,8 +240,9 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
     reference = policy.frozen_copy(dtype) if beta > 0 else None  # as train.py makes it
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     template = template_of(cfg.template)
+    critic = Critic(policy) if method == "ppo" else None
     run = Run(policy=policy, sampler=sampler, reference=reference, optimizer=configure_optimizer(policy, cfg.lr),
-              loss=loss_of(cfg),
+              loss=loss_of(cfg), critic=critic, critic_optimizer=critic and configure_optimizer(critic, cfg.lr),
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template,
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
               autocast=autocast, sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
@@ -243,9 +252,11 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
     return run, cfg
 
 
-def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False) -> dict:
-    """train.grpo_step's seconds per phase and peak memory, median over steps 2..."""
-    run, cfg = step_run(ours, work, device, dtype, beta, micro_batch_size, grad_checkpointing)
+def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: int, grad_checkpointing=False,
+               method: str = "grpo") -> dict:
+    """train.grpo_step's seconds per phase and peak memory, median over steps 2... (method "ppo": with the critic,
+    whose update is in time_update)."""
+    run, cfg = step_run(ours, work, device, dtype, beta, micro_batch_size, grad_checkpointing, method)
     records = []
     for step in range(1, work["steps"] + 1):
         start = time.perf_counter()
@@ -443,6 +454,13 @@ def main(argv=None):
         result["step"] = bench_step(ours, work, device, dtype, args.beta, **sizes)
         result["warnings"] += fast_path_warnings("GRPO step", result["step"]["fast_paths"])
         done("step")
+    if "ppo" not in skip:
+        if ours is None:
+            ours = our_model(shape, device, dtype)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        result["ppo"] = bench_step(ours, work, device, dtype, args.beta, **sizes, method="ppo")
+        done("ppo")
     if "trl" not in skip:
         ours = None  # TRL's peak memory must not count our weights
         if device.type == "cuda":
@@ -557,9 +575,9 @@ def gpu_check_plan(work: str, tiny: bool, tokenizer: str) -> dict:
                              "--save_checkpoints=false", "--overwrite",  # ~37 GB of checkpoints a benchmark needs not
                              f"--out_dir={os.path.join(work, 'gsm8k_shapes')}"] + train_sizes, 300)
     if not tiny:  # transformers' generate adds no claim at 1.5B, nor a second TRL run
-        plan["bench_1.5b"] = (bench("bench_1.5b", "--shape", "1.5b", "--skip", "hf,trl,profile"), 240)
+        plan["bench_1.5b"] = (bench("bench_1.5b", "--shape", "1.5b", "--skip", "hf,ppo,trl,profile"), 240)
     name = "profile_" + ("tiny" if tiny else "0.5b")
-    plan[name] = (bench(name, *(["--tiny"] if tiny else ["--shape", "0.5b"]), "--skip", "sampler,step,trl"), 150)
+    plan[name] = (bench(name, *(["--tiny"] if tiny else ["--shape", "0.5b"]), "--skip", "sampler,step,ppo,trl"), 150)
     demo_sizes = ["--device=cpu", "--sft_steps=2", "--max_steps=2", "--eval_every=1", "--eval_size=4",
                   "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda", "--max_steps=40",
                                                                                 "--eval_every=20"]
@@ -662,6 +680,21 @@ def report(result: dict) -> str:
                       f"ratios: TRL step time / ours {trl['time_step'] / s['time_step']:.2f}x, {memory}"]
         elif "trl" in result:
             lines.append("TRL: skipped, trl is not importable here (../shared/peer/README.md says how to carry it)")
+        lines.append(f"reserved GiB by step (CUDA): {reserved}")
+    if "ppo" in result:
+        s = result["ppo"]
+        reserved = ", ".join(f"{r:.2f}" for r in s.get("reserved_memory_gib", [])) or "n/a"
+        lines += [f"\nPPO step, its critic (a policy-sized fp32 model, its AdamW): {w['prompts'] * w['group']} prompts x 1 "
+                  f"x {w['step_new']} new tokens, beta {result['beta']}; median of {s['steps_timed']} steps after the "
+                  "first", "| | step s | sample | reward | ref/old log-probs, values | update, critic's | peak GiB |",
+                  "|---|---|---|---|---|---|---|",
+                  f"| train.grpo_step, method=ppo | {s['time_step']:.3f} | {s['time_sample']:.3f} | "
+                  f"{s['time_reward']:.3f} | {s['time_reference']:.3f} | {s['time_update']:.3f} | "
+                  f"{s['peak_memory_gib']:.2f} |"]
+        if "step" in result and result["device"] != "cpu":
+            g = result["step"]
+            lines.append(f"ratios: PPO step time / GRPO's {s['time_step'] / g['time_step']:.2f}x, PPO peak memory / "
+                         f"GRPO's {s['peak_memory_gib'] / g['peak_memory_gib']:.2f}x")
         lines.append(f"reserved GiB by step (CUDA): {reserved}")
     if "profile" in result and "error" in result["profile"]:
         lines.append(f"\nprofile: failed, {result['profile']['error']}")

@@ -8,11 +8,14 @@ initialisation), and from each two RL seeds of GRPO and of every baseline, at th
 Per warm start s: `python train.py configs/demo.py --seed=s` (the default command: warm start, then GRPO with RL seed
 s); then from its sft.pt, with --data_seed=s, GRPO with RL seed s+1 and each baseline with RL seeds s and s+1:
 configs/demo_rft.py (RFT), demo_sft_answers.py (answers-only SFT), demo_sft_more.py (more warm start) and
-demo_random.py (GRPO on a coin, its rate GRPO's training accuracy over its first 10 steps from that warm start).
-Every run uses one thread (two run side by side); the demo's result is the same on one or two.
+demo_random.py (GRPO on a coin, its rate GRPO's training accuracy over its first 10 steps from that warm start) and
+demo_ppo.py (PPO with a learned critic, one completion of each of 64 questions a step: GRPO's 64 completions).
+Every run uses one thread (two run side by side); the demo's result is the same on one or two. Each run's wall seconds
+and peak resident memory are kept beside it (OUT_DIR.time, by GNU time where /usr/bin/time is).
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from records import read_log as read  # noqa: E402  (the library's modules, from tools/)
 BASELINES = {"rft": "demo_rft.py", "sft_answers": "demo_sft_answers.py", "sft_more": "demo_sft_more.py",
-             "random": "demo_random.py"}
-METHODS = ("grpo", "rft", "sft_answers", "sft_more", "random")
+             "random": "demo_random.py", "ppo": "demo_ppo.py"}
+METHODS = ("grpo", "ppo", "rft", "sft_answers", "sft_more", "random")
+TIME = shutil.which("time") and "/usr/bin/time"  # GNU time: a run's wall seconds and peak resident memory
 
 
 def finished(out_dir: str, steps: int) -> bool:
@@ -36,11 +40,22 @@ def run(command: list[str], out_dir: str, config: str = "configs/demo.py", steps
     `steps` steps is there."""
     if finished(out_dir, steps):
         return
+    timed = [TIME, "-f", "%e %M", "-o", out_dir + ".time"] if TIME and os.path.exists(TIME) else []
     with open(out_dir + ".log", "w") as log:
-        code = subprocess.run([sys.executable, "train.py", config, *command, "--threads=1",
-                               f"--out_dir={out_dir}", "--overwrite"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(timed + [sys.executable, "train.py", config, *command, "--threads=1",
+                                       f"--out_dir={out_dir}", "--overwrite"], cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
     if code:
         raise RuntimeError(f"{' '.join(command)} exited {code}; see {out_dir}.log")
+
+
+def cost(out_dir: str) -> tuple[float, float] | None:
+    """A run's wall seconds and peak resident memory in MB (OUT_DIR.time, from GNU time), or None."""
+    path = out_dir + ".time"
+    if not os.path.exists(path):
+        return None
+    seconds, kilobytes = open(path).read().split()[-2:]
+    return float(seconds), float(kilobytes) / 1024
 
 
 def cell(values, scale=1.0, digits=1) -> str:
@@ -77,17 +92,19 @@ def summary(out: str, seeds: list[int]) -> str:
     """Per method over every (warm start, RL seed): held-out pass@1 at the first and last evaluation and its gain,
     the mean response length and worked share of the first and last 10 steps (sampled methods), mean ± standard
     error over the runs, and min..max."""
-    rows = ["| method | runs | held-out pass@1 at step 0 (%) | at step 60 (%) | gain (points) | response length, first 10 steps -> last 10 | ratio | worked share, first 10 -> last 10 |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| method | runs | held-out pass@1 at step 0 (%) | at step 60 (%) | gain (points) | response length, first 10 steps -> last 10 | ratio | worked share, first 10 -> last 10 | run seconds, peak MB (from sft.pt) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     per_run = []
     for method in METHODS:
-        first, last, gain, length0, length1, ratio, worked0, worked1 = ([] for _ in range(8))
+        first, last, gain, length0, length1, ratio, worked0, worked1, costs = ([] for _ in range(9))
         for s in seeds:
             for rl_seed in (s, s + 1):
                 out_dir = os.path.join(out, f"w{s}_{method}_{rl_seed}")
                 evals, log = read(os.path.join(out_dir, "eval.jsonl")), read(os.path.join(out_dir, "log.jsonl"))
                 if not evals:
                     continue
+                if cost(out_dir) and (method, rl_seed) != ("grpo", s):  # that one trains its warm start too
+                    costs.append(cost(out_dir))
                 first.append(evals[0]["pass@1"])
                 last.append(evals[-1]["pass@1"])
                 gain.append(evals[-1]["pass@1"] - evals[0]["pass@1"])
@@ -103,9 +120,12 @@ def summary(out: str, seeds: list[int]) -> str:
         if not first:
             continue
         sampled = bool(length0)
+        spent = (f" {cell([c[0] for c in costs], digits=0)}, {cell([c[1] for c in costs], digits=0)} |" if costs
+                 else " |")
         rows.append(f"| {method} | {len(first)} | {cell(first, 100)} | {cell(last, 100)} | {cell(gain, 100)} | "
                     + (f"{cell(length0)} -> {cell(length1)} | {cell(ratio, digits=2)} | "
-                       f"{cell(worked0, digits=2)} -> {cell(worked1, digits=2)} |" if sampled else "no samples | | |"))
+                       f"{cell(worked0, digits=2)} -> {cell(worked1, digits=2)} |" if sampled else "no samples | | |")
+                    + spent)
     runs = ["", "| method | warm start | RL seed | held-out pass@1 (%) at steps 0, 20, 40, 60 | response length first 10 -> last 10 |",
             "|---|---|---|---|---|"] + [
         f"| {r['method']} | {r['warm']} | {r['rl_seed']} | {', '.join(f'{100 * p:.1f}' for p in r['pass@1'])} | "

@@ -1,6 +1,7 @@
 """
 The GPU memory a config needs, as train.py's preflight estimates it (run_management.memory_bytes: what the run holds,
-then the larger of sampling and the update, at the longest prompt; activations aside), without a GPU or the weights.
+then the larger of sampling and the update, at the longest prompt; activations aside), without a GPU or the weights;
+for GRPO and, beside it, for PPO on the same config (method="ppo": its critic's weights, AdamW state and gradients).
 
     python tools/memory.py configs/gsm8k.py --model=Qwen/Qwen3-1.7B-Base    # the model's config.json and tokenizer
     python tools/memory.py configs/math.py --prompt_len=1740                  # at a given longest prompt, in tokens
@@ -11,6 +12,7 @@ the hub: a few KB). The longest prompt is --prompt_len, else measured: every tra
 config's data, in its template and tokenizer. The sampler is costed in bf16 (dtype "auto" on a GPU).
 """
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -46,10 +48,13 @@ def main(argv=None) -> str:
         config = model_config(cfg, len(tokenizer_of(cfg.model, cfg.tokenizer, cfg.gguf_file)))
     prompt_len = args.prompt_len or longest_prompt(cfg)
     shape = f" (its shape: {args.hf_config})" if args.hf_config else ""
-    line = f"{cfg.model}{shape} at prompts of up to {prompt_len} tokens: " \
-           f"{memory_estimate(memory_bytes(config, cfg, prompt_len))}"
-    print(line)
-    return line
+    lines = [f"{cfg.model}{shape} at prompts of up to {prompt_len} tokens:"]
+    for method in ("grpo", "ppo"):
+        variant = copy.copy(cfg)  # the same settings, another method (its own checks aside)
+        variant.method = method
+        lines.append(f"  {method}: {memory_estimate(memory_bytes(config, variant, prompt_len))}")
+    print("\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
