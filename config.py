@@ -170,7 +170,9 @@ class TrainConfig:
     gamma: float = 1.0  # GAE's discount (verl's default)
     lam: float = 1.0  # GAE's lambda (verl's default)
     cliprange_value: float = 0.5  # the value loss's clip around the critic's old values (verl's)
-    critic_lr: float | None = None  # the critic's own AdamW learning rate; None = lr
+    # the critic's own AdamW learning rate; None: 10 x lr, as verl's defaults (1e-5 to the actor's
+    # 1e-6)
+    critic_lr: float | None = None
     # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
     mu: int = 1
     # iterative GRPO: copy the policy into the reference every N steps (0 = never)
@@ -247,6 +249,11 @@ class TrainConfig:
     # over each row's real keys, add + RMSNorm, SiLU·mul); False: the model's torch forward (the
     # same function, other roundings). A kernel that fails to build or launch falls back to it
     fused_decode: bool = True
+
+    @property
+    def critic_rate(self) -> float:
+        """PPO's critic's learning rate: critic_lr, or ten times lr."""
+        return self.critic_lr or 10 * self.lr
 
     @property
     def warm_starts(self) -> bool:

@@ -8,8 +8,8 @@ for training (sample_groups: G completions of each of a step's questions) and fo
     samples.completions[i], samples.texts[i], samples.rewards[i]   # row i answers prompts[i]
     samples.select([0, 1, 2]), Samples.concat([a, b])   # rows kept together, every field aligned
 
-Where to add a reward shaping: a function in SHAPING. What a step logs of its samples is
-records.py's.
+Where to add a reward shaping: a function and its config key in SHAPING. What a step logs of its
+samples is records.py's.
 """
 import dataclasses
 import random
@@ -214,8 +214,9 @@ def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
         samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, seed, run.sampling,
                                    run.scoring, questions)
     samples.problems = rows
-    for shape in SHAPING:
-        shape(samples, cfg, seed)
+    for shape, key in SHAPING:
+        if getattr(cfg, key):  # the shapings its config asks for
+            shape(samples, cfg, seed)
     return samples
 
 
@@ -253,8 +254,8 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
                    fast_paths=rollout.fast_paths)
 
 # -----------------------------------------------------------------------------
-# the post-sampling stage: reward shaping (SHAPING, in order, on every draw of a training step; each
-# does nothing unless its config key asks) and dynamic sampling's filter. A shaping may read
+# the post-sampling stage: reward shaping (SHAPING, in order, on every draw of a training step, each
+# where its config key is set) and dynamic sampling's filter. A shaping may read
 # samples.lengths, .stopped, .texts, .components, cfg.max_new_tokens and so on; seed is the draw's
 # sampler seed, for any coins. Nothing here reaches evaluation: eval.py scores the rewards' rules
 # alone.
@@ -269,9 +270,8 @@ def add_reward(samples: Samples, name: str, values: list[float]):
 
 def random_reward(samples: Samples, cfg, seed: int):
     """The random-reward control (config random_reward > 0): see coin_rewards."""
-    if cfg.random_reward > 0:
-        samples.rewards = coin_rewards(samples, cfg.reward_weights["correctness"],
-                                       cfg.random_reward, seed)
+    samples.rewards = coin_rewards(samples, cfg.reward_weights["correctness"], cfg.random_reward,
+                                   seed)
 
 
 def coin_rewards(samples: Samples, weight: float, rate: float, seed: int) -> list[float]:
@@ -294,14 +294,14 @@ def overlong_penalty(samples: Samples, cfg, seed: int):
         ((L_max - L_cache) - L) / L_cache  if L_max - L_cache < L <= L_max  (-1 at L = L_max)
     times overlong_penalty_factor (verl's name; DAPO's is 1), added to its reward and logged as
     reward_overlong. Eq. 13's -1 beyond L_max never applies here: the sampler stops at L_max."""
-    if cfg.overlong_buffer_len > 0:
-        start = cfg.max_new_tokens - cfg.overlong_buffer_len
-        add_reward(samples, "overlong",
-                   [cfg.overlong_penalty_factor * min(0.0, (start - n) / cfg.overlong_buffer_len)
-                                         for n in samples.lengths])
+    start = cfg.max_new_tokens - cfg.overlong_buffer_len
+    add_reward(samples, "overlong",
+               [cfg.overlong_penalty_factor * min(0.0, (start - n) / cfg.overlong_buffer_len)
+                for n in samples.lengths])
 
 
-SHAPING = (random_reward, overlong_penalty)  # in this order, on every draw of a training step
+# (shaping, the config key that turns it on), in this order, on every draw of a training step
+SHAPING = ((random_reward, "random_reward"), (overlong_penalty, "overlong_buffer_len"))
 
 
 def informative_groups(rewards: list[float], group_size: int) -> list[bool]:

@@ -102,7 +102,9 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     batch = len(prompts)
     prompt_len = max(len(p) for p in prompts)
     max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8: aligned kernels
-    _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
+    if device.type == "cuda":
+        _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
+    fast = device.type in FAST_PATH_DEVICES  # where the fast paths are tried
     if isinstance(seed, (list, tuple)):
         if len(seed) != batch:
             raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one "
@@ -131,18 +133,14 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     mask = torch.full((batch, 1, 1, max_len), float("-inf"), dtype=dtype, device=device)
     mask[:, 0, 0, :prompt_len].masked_fill_(real, 0.0)
     stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
-    decoder = _Decoder(model, cache, mask, real.sum(-1), (temperature, top_p, top_k,
-                       fused_sampling), stop, pad_id, generator, prompt_len)
+    sampling = (temperature, top_p, top_k, fused_sampling and fast)
+    decoder = _Decoder(model, cache, mask, real.sum(-1), sampling, stop, pad_id, generator,
+                       prompt_len)
     decoder.record(first)
 
-    # the decode step, chosen once: the model's forward or the fused kernels, each eager or
-    # replayed as CUDA graphs
-    step = decoder.step
-    if fused_decode and device.type in FAST_PATH_DEVICES and FUSED_DECODE not in FALLEN_BACK \
-            and kernels.possible(model, device):
-        step = _until_it_fails(decoder.fused_step, decoder.step, FUSED_DECODE)
-    if cuda_graphs and device.type in FAST_PATH_DEVICES:
-        step = _Graphed(step, decoder, generator, device)
+    # the decode step, chosen once: the model's forward, eager; where the fast paths are tried,
+    # or the fused kernels, each eager or replayed as CUDA graphs
+    step = _fast_step(decoder, generator, cuda_graphs, fused_decode) if fast else decoder.step
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
             alive = int((~decoder.stops[decoder.rows].any(-1)).sum())  # the loop's one host sync
@@ -160,12 +158,21 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     after = torch.arange(n, device=device) >= lengths[:, None]  # sampled after the row's end
     tokens = decoder.tokens[:, prompt_len:prompt_len + n].masked_fill(after, pad_id)
     logprobs = decoder.logprobs[:, prompt_len:prompt_len + n].masked_fill(after, 0.0)
-    fused = fused_sampling and isinstance(generator, torch.Generator)
-    fast_paths = _fast_paths_used(device, cuda_graphs, fused, temperature, top_p, top_k)
-    if fused_decode and device.type in FAST_PATH_DEVICES:
-        fast_paths[SWITCHES[FUSED_DECODE]] = (kernels.possible(model, device)
-                                              and FUSED_DECODE not in FALLEN_BACK)
+    fast_paths = {}
+    if fast:
+        fast_paths = _fast_paths_used(model, cuda_graphs, fused_sampling and isinstance(
+            generator, torch.Generator), fused_decode, temperature, top_p, top_k)
     return Rollout(tokens, lengths, logprobs, stopped, fast_paths)
+
+
+def _fast_step(decoder, generator, cuda_graphs: bool, fused_decode: bool):
+    """The decode step on a fast-path device: the fused kernels for a model made for them
+    (kernels.possible), else the model's forward; replayed as CUDA graphs with cuda_graphs."""
+    step = decoder.step
+    device = decoder.mask.device
+    if fused_decode and FUSED_DECODE not in FALLEN_BACK and kernels.possible(decoder.model, device):
+        step = _until_it_fails(decoder.fused_step, decoder.step, FUSED_DECODE)
+    return _Graphed(step, decoder, generator, device) if cuda_graphs else step
 
 
 def _until_it_fails(fast, eager, path: str):
@@ -216,10 +223,8 @@ def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
 
 
 def _check_memory(config, batch, prompt_len, max_len, dtype, device):
-    """On CUDA, a ValueError before any work unless the KV cache and the prefill (prefill_nbytes)
-    fit the free memory."""
-    if device.type != "cuda":
-        return
+    """On CUDA (the caller's condition), a ValueError before any work unless the KV cache and the
+    prefill (prefill_nbytes) fit the free memory."""
     free = torch.cuda.mem_get_info(device)[0]
     free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # cached
     cache = KVCache.nbytes(config, batch, max_len, dtype)
@@ -448,10 +453,8 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
             noise = torch.stack([torch.empty_like(row).exponential_(generator=g)
                                  for row, g in zip(logprobs, generator)])
         scores = logprobs - noise.log_()
-        keep = truncation_mask(logprobs, top_p, top_k)
-        if keep is not None:
-            # after the noise: no inf - inf even if E were 0
-            scores.masked_fill_(~keep, float("-inf"))
+        if top_p < 1 or top_k > 0:  # after the noise: no inf - inf even if E were 0
+            scores.masked_fill_(~truncation_mask(logprobs, top_p, top_k), float("-inf"))
         ids = scores.argmax(-1)
     return ids, logprobs.gather(-1, ids[:, None])[:, 0]
 
@@ -463,9 +466,9 @@ def _fused_possible(device, temperature, top_p, top_k) -> bool:
             and top_p == 1 and top_k == 0 and FUSED not in FALLEN_BACK)
 
 
-def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor | None:
+def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     """scaled [B, V] -> keep [B, V] bool: the top_k largest (ties kept), then the smallest set
-    holding top_p of the remaining mass; None when nothing is truncated."""
+    holding top_p of the remaining mass (top_p < 1 or top_k > 0)."""
     keep = None
     if top_k > 0:
         keep = scaled >= scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
@@ -548,16 +551,19 @@ def _fused_gumbel_sample(logits, temperature, generator, block=4096):
     return ids, logprobs
 
 
-def _fast_paths_used(device, cuda_graphs, fused_sampling, temperature, top_p, top_k) -> dict:
-    """Rollout.fast_paths: for each fast path asked for on a fast-path device, whether it decoded
-    the rollout (not when it fell back, nor where the fused kernel does not apply)."""
-    if device.type not in FAST_PATH_DEVICES:
-        return {}
+def _fast_paths_used(model, cuda_graphs, fused_sampling, fused_decode, temperature, top_p,
+                     top_k) -> dict:
+    """Rollout.fast_paths on a fast-path device: for each fast path asked for, whether it decoded
+    the rollout (not when it fell back, nor where it does not apply)."""
+    device = model.lm_head.weight.device
     used = {}
     if cuda_graphs:
         used[SWITCHES[GRAPHS]] = GRAPHS not in FALLEN_BACK
     if fused_sampling:
         used[SWITCHES[FUSED]] = _fused_possible(device, temperature, top_p, top_k)
+    if fused_decode:
+        used[SWITCHES[FUSED_DECODE]] = (kernels.possible(model, device)
+                                        and FUSED_DECODE not in FALLEN_BACK)
     return used
 
 

@@ -173,7 +173,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
     stats = update(run.policy, run.optimizer, batches, run.loss, cfg, lr, run.autocast, run.ddp)
     if run.critic is not None:  # PPO: the critic's mu steps on the clipped value loss
-        critic_lr = warmup_lr(cfg.critic_lr or cfg.lr, step, cfg.warmup_steps)
+        critic_lr = warmup_lr(cfg.critic_rate, step, cfg.warmup_steps)
         stats.update(critic_stats, **critic_update(run.critic, run.critic_optimizer, batches, cfg,
                                                    critic_lr, run.autocast))
     # 5. sync the sampler: it generates the next step's rollout with the new weights
@@ -248,7 +248,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
               stream=QuestionStream(len(problems), cfg.seed), tokenizer=tokenizer,
               template=template, problems=problems, prompts=prompts, heldout=heldout,
               autocast=autocast, ddp=ddp, warm_set=fingerprint(warm), run_id=run_id, critic=critic,
-              critic_optimizer=critic and configure_optimizer(critic, cfg.critic_lr or cfg.lr,
+              critic_optimizer=critic and configure_optimizer(critic, cfg.critic_rate,
                                                               cfg.weight_decay, cfg.adam_betas),
               sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
                                    cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,

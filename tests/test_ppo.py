@@ -208,6 +208,11 @@ def test_ppo_settings_are_checked_when_the_config_loads(tmp_path, setting, messa
         ppo(tmp_path, **setting)
 
 
+def test_the_critics_learning_rate_is_ten_times_the_policys_unless_set(tmp_path):
+    assert ppo(tmp_path, lr=2e-3).critic_rate == pytest.approx(2e-2)  # verl's defaults: 1e-5 to the actor's 1e-6
+    assert ppo(tmp_path, lr=2e-3, critic_lr=5e-4).critic_rate == 5e-4
+
+
 def test_ppo_keys_are_refused_for_grpo(tmp_path):
     with pytest.raises(ValueError, match="gamma, cliprange_value: PPO's .*method='grpo' has no critic"):
         tiny(tmp_path, gamma=0.9, cliprange_value=0.2)

@@ -463,11 +463,12 @@ def test_a_failing_fused_sampling_kernel_falls_back_to_the_torch_ops_with_one_wa
     def failing_kernel(logits, temperature, generator):
         launches.append(1)
         raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+    monkeypatch.setattr(sample, "FAST_PATH_DEVICES", ("cuda", "cpu"))  # the CPU made a fast-path device
     monkeypatch.setattr(sample, "_fused_possible", lambda device, temperature, top_p, top_k:
                         sample.FUSED not in sample.FALLEN_BACK)
     monkeypatch.setattr(sample, "_fused_gumbel_sample", failing_kernel)
     for _ in range(2):
-        out = generate(model, PROMPTS, 12, temperature=1.0, seed=5)
+        out = generate(model, PROMPTS, 12, temperature=1.0, seed=5, cuda_graphs=False, fused_decode=False)
         assert torch.equal(out.tokens, plain.tokens) and torch.equal(out.logprobs, plain.logprobs)
     assert len(launches) == 1
     one_warning_each(capsys, sample.FUSED, "to compile or launch")

@@ -242,7 +242,7 @@ def step_run(ours, work: dict, device, dtype, beta: float, micro_batch_size: int
     template = template_of(cfg.template)
     critic = Critic(policy) if method == "ppo" else None
     run = Run(policy=policy, sampler=sampler, reference=reference, optimizer=configure_optimizer(policy, cfg.lr),
-              loss=loss_of(cfg), critic=critic, critic_optimizer=critic and configure_optimizer(critic, cfg.lr),
+              loss=loss_of(cfg), critic=critic, critic_optimizer=critic and configure_optimizer(critic, cfg.critic_rate),
               stream=QuestionStream(len(prompts), 0), tokenizer=tokenizer, template=template,
               problems=[{"question": "", "solution": "", "gold": "7"}] * len(prompts), prompts=prompts, heldout=[],
               autocast=autocast, sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
