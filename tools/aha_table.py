@@ -57,11 +57,12 @@ def trains_warm_start(method: str, s: int, r: int) -> bool:
     return s == r and method in ("grpo", "no_reflection")
 
 
-def run_all(out: str, seeds: list[int], jobs: int):
-    """Every run of the plan, jobs at a time (the warm starts first; a run from a warm start waits for it), then the
-    sampled evaluations."""
+def run_all(out: str, seeds: list[int], jobs: int, methods: tuple = tuple(METHODS)):
+    """Every run of the plan (of `methods` only, the warm starts always), jobs at a time (the warm starts first; a run
+    from a warm start waits for it), then the sampled evaluations."""
     os.makedirs(out, exist_ok=True)
-    plan = runs(out, seeds)
+    plan = [(m, s, r, d) for m, s, r, d in runs(out, seeds) if m in methods or trains_warm_start(m, s, r)
+            and m == "grpo"]
 
     def job(method, s, r, out_dir):
         if trains_warm_start(method, s, r):

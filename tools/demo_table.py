@@ -70,16 +70,18 @@ def early_accuracy(out_dir: str) -> float:
     return statistics.fmean(r["accuracy"] for r in read(os.path.join(out_dir, "log.jsonl"))[:10])
 
 
-def run_all(out: str, seeds: list[int], jobs: int):
+def run_all(out: str, seeds: list[int], jobs: int, methods: tuple = METHODS):
+    """Every run of the table (of `methods` only, the warm starts always), jobs at a time."""
     os.makedirs(out, exist_ok=True)
     with ThreadPoolExecutor(jobs) as pool:  # the warm starts (each followed by GRPO with RL seed s)
         list(pool.map(lambda s: run([f"--seed={s}"], os.path.join(out, f"w{s}_grpo_{s}")), seeds))
     work = []
     for s in seeds:
         warm = [f"--init_from={os.path.join(out, f'w{s}_grpo_{s}', 'sft.pt')}", f"--data_seed={s}"]
-        work.append((warm + [f"--seed={s + 1}"], os.path.join(out, f"w{s}_grpo_{s + 1}")))
+        if "grpo" in methods:
+            work.append((warm + [f"--seed={s + 1}"], os.path.join(out, f"w{s}_grpo_{s + 1}")))
         rate = round(early_accuracy(os.path.join(out, f"w{s}_grpo_{s}")), 3)
-        for method, overlay in BASELINES.items():
+        for method, overlay in [(m, o) for m, o in BASELINES.items() if m in methods]:
             extra = [f"--random_reward={rate}"] if method == "random" else []
             for rl_seed in (s, s + 1):
                 work.append(([os.path.join("configs", overlay)] + warm + [f"--seed={rl_seed}"] + extra,
@@ -140,9 +142,11 @@ def table_main(doc: str, out_name: str, run_all, summary):
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 2, 3], help="warm-start seeds")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     parser.add_argument("--summary", action="store_true", help="only print the tables of the runs already there")
+    parser.add_argument("--methods", default="", help="comma-separated: run only these methods' runs (default: all)")
     args = parser.parse_args()
     if not args.summary:
-        run_all(args.out, args.seeds, args.jobs)
+        methods = tuple(m for m in args.methods.split(",") if m)
+        run_all(args.out, args.seeds, args.jobs, *([methods] if methods else []))
     print(summary(args.out, args.seeds))
 
 
