@@ -133,8 +133,9 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
 
 
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
-    """One step of GRPO on run's weights, in place; returns what it computed, for the loop to
-    record: the samples and the update's stats (with lr, phase times, on CUDA peak memory)."""
+    """One step of GRPO on run's weights, in place (method="ppo": of PPO, its critic's values for
+    the group baseline); returns what it computed, for the loop to record: the samples and the
+    update's stats (with lr, phase times, on CUDA peak memory)."""
     device = run.policy.lm_head.weight.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # memory_gb: this step's peak
