@@ -9,7 +9,8 @@ Per warm start s: `python train.py configs/demo.py --seed=s` (the default comman
 s); then from its sft.pt, with --data_seed=s, GRPO with RL seed s+1 and each baseline with RL seeds s and s+1:
 configs/demo_rft.py (RFT), demo_sft_answers.py (answers-only SFT), demo_sft_more.py (more warm start) and
 demo_random.py (GRPO on a coin, its rate GRPO's training accuracy over its first 10 steps from that warm start) and
-demo_ppo.py (PPO with a learned critic, one completion of each of 64 questions a step: GRPO's 64 completions).
+demo_ppo.py (PPO with a learned critic, one completion of each of 64 questions a step: GRPO's 64 completions), and
+again with GRPO's very questions, 8 completions of each of 8 (ppo_group: no group baseline, the critic's values).
 Every run uses one thread (two run side by side); the demo's result is the same on one or two. Each run's wall seconds
 and peak resident memory are kept beside it (OUT_DIR.time, by GNU time where /usr/bin/time is).
 """
@@ -25,8 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from records import read_log as read  # noqa: E402  (the library's modules, from tools/)
 BASELINES = {"rft": "demo_rft.py", "sft_answers": "demo_sft_answers.py", "sft_more": "demo_sft_more.py",
-             "random": "demo_random.py", "ppo": "demo_ppo.py"}
-METHODS = ("grpo", "ppo", "rft", "sft_answers", "sft_more", "random")
+             "random": "demo_random.py", "ppo": "demo_ppo.py", "ppo_group": "demo_ppo.py"}
+# ppo_group: PPO's critic on GRPO's very questions, 8 completions of each of 8, with no group baseline
+EXTRA = {"ppo_group": ["--group_size=8", "--prompts_per_step=8"]}
+METHODS = ("grpo", "ppo", "ppo_group", "rft", "sft_answers", "sft_more", "random")
 TIME = shutil.which("time") and "/usr/bin/time"  # GNU time: a run's wall seconds and peak resident memory
 
 
@@ -82,7 +85,7 @@ def run_all(out: str, seeds: list[int], jobs: int, methods: tuple = METHODS):
             work.append((warm + [f"--seed={s + 1}"], os.path.join(out, f"w{s}_grpo_{s + 1}")))
         rate = round(early_accuracy(os.path.join(out, f"w{s}_grpo_{s}")), 3)
         for method, overlay in [(m, o) for m, o in BASELINES.items() if m in methods]:
-            extra = [f"--random_reward={rate}"] if method == "random" else []
+            extra = ([f"--random_reward={rate}"] if method == "random" else []) + EXTRA.get(method, [])
             for rl_seed in (s, s + 1):
                 work.append(([os.path.join("configs", overlay)] + warm + [f"--seed={rl_seed}"] + extra,
                              os.path.join(out, f"w{s}_{method}_{rl_seed}")))
