@@ -152,9 +152,6 @@ def test_dapo_overlong_penalty_hand_computed():
     half = samples_of([1.0], lengths=[14])
     overlong_penalty(half, dataclasses.replace(cfg, overlong_penalty_factor=0.5), seed=0)
     assert half.rewards == [0.75]
-    off = samples_of([1.0], lengths=[16])
-    overlong_penalty(off, dataclasses.replace(cfg, overlong_buffer_len=0), seed=0)
-    assert off.rewards == [1.0] and "overlong" not in off.components
     with pytest.raises(ValueError, match="overlong_buffer_len=16 must be below max_new_tokens=16"):
         tiny("unused", max_new_tokens=16, overlong_buffer_len=16)
 
@@ -262,6 +259,7 @@ def test_a_new_metric_is_one_function_and_reaches_the_log_and_the_progress_bar(t
     train.train(tiny(tmp_path, progress_keys=("answer_chars",)))
     logged = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     assert all(r["answer_chars"] >= 0 for r in logged)
+    assert not any("reward_overlong" in r for r in logged)  # the overlong penalty only when asked
     assert records.progress({"answer_chars": 3.14159, "loss": None}, ("answer_chars", "loss", "nope")) == \
         {"answer_chars": "3.142"}
 
