@@ -261,16 +261,15 @@ def _last_sentence_answer(text, think):
 
 def extract_answer(text: str, forms: tuple[str, ...] = DEFAULT_FORMS,
                    template: Template = R1_ZERO) -> str | None:
-    """The final answer string in a completion, or None. forms (any of DEFAULT_FORMS) says which
-    notations count, template (template.Template) which tags: answer_tag <answer>...</answer>;
+    """The final answer string in a completion, or None. forms (of DEFAULT_FORMS): the notations
+    that count, template (template.Template): the tags. answer_tag <answer>...</answer>;
     boxed \\boxed{...} or \\fbox{...}, braces nested; hash GSM8K's "#### N" line; answer_is "the
     answer is N" (also "final answer is", any case) to the end of the line or sentence;
     last_sentence, only when no other marker occurs: the last sentence after any </think> ("Tom has
     72 apples."), from its first digit on. The rules against gaming are the module docstring's."""
-    unknown = set(forms) - set(DEFAULT_FORMS)
-    if unknown:
-        raise ValueError(f"unknown answer form(s) {sorted(unknown)}; known forms are "
-                         f"{DEFAULT_FORMS}")
+    if not set(forms) <= set(DEFAULT_FORMS):
+        raise ValueError(f"unknown answer form(s) {sorted(set(forms) - set(DEFAULT_FORMS))}; known "
+                         f"forms are {DEFAULT_FORMS}")
     marked_forms = [form for form in forms if form in FORM_MARKERS]
     if ("answer_tag" in forms
         and (_occurs(text, template.answer[0]) or _occurs(text, template.answer[1]))):
@@ -438,11 +437,9 @@ def _normalize_text(text):
 
 
 def is_equiv(pred: str | None, gold: str) -> bool:
-    """
-    Whether the predicted answer string states the gold answer. A numeric gold must be matched
+    """Whether the predicted answer string states the gold answer. A numeric gold must be matched
     exactly (Fraction arithmetic, so 0.5 == 1/2 but 0.3333 != 1/3) by a pred that states one
-    single number; a non-numeric gold is compared after whitespace/LaTeX normalisation.
-    """
+    single number; a non-numeric gold is compared after whitespace/LaTeX normalisation."""
     if pred is None or gold is None:
         return False
     gold_value = parse_number(gold)

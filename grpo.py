@@ -77,7 +77,7 @@ def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
                        trained: list[bool] | None = None) -> list[MicroBatch]:
     """Split rows into micro-batches of `size` rows of similar total length (less padding); any
     split is exact (whole-batch normalisers). Rows are reordered: per-row data lives in the
-    MicroBatch (set_advantages). sampler_logprobs: the sampler's own (Rollout.logprobs); trained:
+    MicroBatch (set_rows). sampler_logprobs: the sampler's own (Rollout.logprobs); trained:
     per row, whether its completion is in the loss (None: every one)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
     batches = []
@@ -129,10 +129,10 @@ def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: floa
 def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int,
                         entropy: str | None = None):
     """Log-probs [b, N] fp32 of the completion tokens (0 off the mask) under log_softmax(logits /
-    temperature), and their entropies as `entropy` asks: None (not computed), "sum" (summed over
-    the tokens, 0-d, no grad: the logged mean) or "tokens" ([b, N], each position's, with grad where
-    grad is on: an entropy bonus reads it). Only masked positions go through lm_head, `chunk`
-    tokens at a time, each chunk recomputed in backward instead of stored."""
+    temperature), and their entropies as `entropy` asks: None, "sum" (over the tokens, 0-d, no
+    grad: the logged mean) or "tokens" ([b, N], with grad where grad is on: an entropy bonus).
+    Only masked positions go through lm_head, `chunk` tokens at a time, each recomputed in backward
+    instead of stored."""
     hidden = completion_hidden(model, batch)  # [M, dim]
     targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
     logps, entropies = [], []
@@ -147,10 +147,7 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
         entropies.append(ent)
     logp = _scattered(logps, batch.mask, hidden)
     if entropy == "sum":
-        total = torch.zeros((), device=hidden.device)
-        for ent in entropies:
-            total = total + ent.sum()
-        return logp, total
+        return logp, sum((ent.sum() for ent in entropies), torch.zeros((), device=hidden.device))
     return logp, _scattered(entropies, batch.mask, hidden) if entropy == "tokens" else None
 
 
@@ -209,10 +206,9 @@ def entropy_floor(values: torch.Tensor, quantile: float):
 
 
 def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
-    """The advantages of a step's samples (rollout.Samples): [B] per completion (outcome
-    supervision: group_advantages of the rewards, with k1_reward less beta times each sequence's
-    log-ratio to the reference), or [B, T] per token (process supervision: process_advantages of
-    the arithmetic claims; "both" adds process_weight times them to the outcome's)."""
+    """The advantages of a step's samples (rollout.Samples): [B] per completion, group_advantages
+    of the rewards (with k1_reward less beta times each sequence's log-ratio to the reference); or
+    [B, T] per token (process_supervised)."""
     rewards = torch.tensor(samples.rewards)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp,
@@ -222,8 +218,14 @@ def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
     advantages = group_advantages(every, cfg.group_size, baseline=cfg.adv_baseline,
                                   scale=reward_scale(cfg))
     advantages = advantages.view(world_size(), -1)[rank()]  # this rank's rows
-    if cfg.supervision == "outcome":
-        return advantages
+    if cfg.supervision != "outcome":
+        return process_supervised(advantages, samples, cfg)
+    return advantages
+
+
+def process_supervised(advantages, samples, cfg) -> torch.Tensor:
+    """Per token [B, T]: process_advantages of the arithmetic claims (supervision="process"), or
+    the outcome advantages [B] plus process_weight times them ("both")."""
     rewards, ends, mask = claim_tensors(samples.claims)
     process = process_advantages(rewards, ends, cfg.group_size, max(samples.lengths), mask)
     if cfg.supervision == "process":
@@ -258,32 +260,25 @@ def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
 
 def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6):
     """Outcome advantages, one per completion: rewards [B] float -> advantages [B] float32.
-
     baseline: "mean" subtracts the group mean (GRPO); "rloo" the mean of the *other* G-1 rewards
     (leave-one-out, = G/(G-1) * (r - mean)); "none" keeps the raw reward (REINFORCE).
     scale: "std" divides by (group std + eps), the unbiased std (torch.std's, as DeepSeekMath and
     TRL); "batch" by (the std of all B rewards + eps), as PPO-Lite (arXiv:2508.08221) and TRL's
     scale_rewards="batch"; "none" does not divide (Dr. GRPO, arXiv:2503.20783).
     GRPO = ("mean", "std"), Dr. GRPO = ("mean", "none"), RLOO = ("rloo", "none"), REINFORCE =
-    ("none", "none"). With a baseline, a group whose rewards are all equal gets exactly 0.
-    """
+    ("none", "none"). With a baseline, a group whose rewards are all equal gets exactly 0."""
     grouped = _grouped(rewards, group_size)  # [n_groups, G]
-    if baseline == "none":
-        if scale != "none":
-            raise ValueError(f"scale={scale!r} needs a baseline: a raw reward divided by a zero "
-                             "std explodes")
+    if (baseline, scale) == ("none", "none"):  # REINFORCE: the raw rewards
         return grouped.flatten()
+    if baseline not in ("mean", "rloo") or scale not in SCALES:
+        check_advantage_settings(baseline, scale, group_size)  # raises, naming what is wrong
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if baseline == "rloo":
         centred = centred * group_size / (group_size - 1)
-    elif baseline != "mean":
-        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if scale == "std":
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
     elif scale == "batch":
         centred = centred / (grouped.std() + eps)
-    elif scale != "none":
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
     return torch.where(all_equal, torch.zeros_like(centred), centred).flatten()
 
@@ -357,13 +352,14 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
     return at_end.flip(1).cumsum(1).flip(1)
 
 
-def gae_advantages(samples, batches: list[MicroBatch], cfg) -> tuple[torch.Tensor, ...]:
-    """PPO's advantages and returns [B, T] (method="ppo", as verl and InstructGPT compute them), and
-    its stats: each completion's reward at its last token, less beta times each token's log-ratio
-    to the reference with kl_estimator="k1_reward" (token_rewards); GAE on the critic's values
-    (gae); the advantages whitened over the step's tokens (whitened). The stats: what the values
-    explain of the returns (explained_variance), returns_mean, values_mean. One process
-    (config.validate)."""
+def gae_advantages(critic, samples, batches: list[MicroBatch], cfg, autocast) -> dict:
+    """PPO's advantages and returns [B, T] (method="ppo", as verl and InstructGPT compute them), set
+    as each micro-batch's rows, after the critic's values (add_values); returns the stats. Each
+    completion's reward at its last token, less beta times each token's log-ratio to the reference
+    with kl_estimator="k1_reward" (token_rewards); GAE on the critic's values (gae); the advantages
+    whitened over the step's tokens (whitened). The stats: what the values explain of the returns
+    (explained_variance), returns_mean, values_mean. One process (config.validate)."""
+    add_values(critic, batches, autocast)
     width = max(samples.lengths)
     mask = per_row(batches, lambda batch: batch.mask, width)  # [B, T]
     values = per_row(batches, lambda batch: batch.values, width)
@@ -380,7 +376,9 @@ def gae_advantages(samples, batches: list[MicroBatch], cfg) -> tuple[torch.Tenso
         return mean((x - mean(x)) ** 2) * mask.sum() / (mask.sum() - 1).clamp(min=1)
     stats = {"explained_variance": 1 - variance(returns - values) / (variance(returns) + 1e-5),
              "returns_mean": mean(returns), "values_mean": mean(values)}
-    return whitened(advantages, mask), returns, {key: value.item() for key, value in stats.items()}
+    set_rows(batches, "advantages", whitened(advantages, mask))
+    set_rows(batches, "returns", returns)
+    return {key: value.item() for key, value in stats.items()}
 
 
 def per_row(batches: list[MicroBatch], values, width: int) -> torch.Tensor:
@@ -456,10 +454,9 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
 
 def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, autocast,
            ddp=None) -> dict[str, float]:
-    """cfg.mu optimizer steps on `loss` (the run's Loss, loss_of(cfg)) over the step's
-    micro-batches; returns the update's stats, each the mean over the mu steps (loss, grad_norm and
-    what the loss measures: entropy, ratio_mean, kl, clip fractions, ...), and GAP_STATS from the
-    first. ddp: the wrapper the loss runs through under torchrun."""
+    """cfg.mu optimizer steps on `loss` (the run's Loss) over the step's micro-batches; returns the
+    stats, each the mean over the mu steps (loss, grad_norm, the loss's measures), and GAP_STATS
+    from the first. ddp: the wrapper the loss runs through under torchrun."""
     stats = {}
     gap = {}
     for epoch_index in range(cfg.mu):
@@ -477,9 +474,8 @@ def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, a
 def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
                     measure_gap: bool = False) -> dict:
     """Forward and backward of `loss` over every micro-batch with the whole batch's normalisers
-    (every rank's under torchrun): the gradients add up to the whole batch's, the stats returned
-    (0-d tensors, no host sync) to its means over the completion tokens. measure_gap: also
-    GAP_STATS, how far the trainer's log-probs of the sampled tokens lie from the sampler's
+    (every rank's under torchrun): the gradients add up to the whole batch's, the stats (0-d
+    tensors, no host sync) to its means over the completion tokens. measure_gap: also GAP_STATS
     (sampler_gap)."""
     sizes = batch_sizes(batches, cfg.max_new_tokens)
     totals = {}
@@ -995,8 +991,7 @@ def optimizer_step(model, optimizer, lr: float, grad_clip: float,
                    loss: torch.Tensor | None = None) -> torch.Tensor:
     """The update every training step ends with: clip the global grad norm to grad_clip (0 = no
     clipping), step, zero the grads; returns the norm before clipping. A non-finite norm or loss
-    raises FloatingPointError before the update (the weights stay), saying which and its likely
-    causes."""
+    raises FloatingPointError before the update, the weights kept (not_finite says why)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(),

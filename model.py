@@ -268,8 +268,7 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer, k, v, slots)
         group = self.n_heads // self.n_kv_heads
         if T == 1 and group > 1:
-            # one decode step: fold each kv head's query group into the query axis, so no kv copy is
-            # made
+            # one decode step: each kv head's query group folded into the query axis, no kv copy
             q = q.view(B, self.n_kv_heads, group, self.head_dim)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             y = y.reshape(B, self.n_heads, 1, self.head_dim)
@@ -282,13 +281,10 @@ class Attention(nn.Module):
 
 def attention_kv(k, v, group: int, masked: bool, device_type: str):
     """The keys and values SDPA gets for a multi-token call, and whether SDPA broadcasts grouped
-    (GQA) kv heads itself. On CUDA under a mask no fused kernel takes grouped heads (flash takes no
-    mask, memory-efficient no GQA broadcast; cuDNN is off, set_attention_backends), so SDPA would
-    fall back to its math backend and materialise fp32 scores [B, heads, T, S], 37 GB at
-    configs/math.py's longest prefill: each kv head is repeated for its query group instead, which
-    reaches the memory-efficient kernel for one layer's repeated K and V. On the CPU the forward is
-    the same either way, but the backward's K/V gradient sums would round differently: broadcasting
-    is kept there."""
+    (GQA) kv heads itself. On CUDA under a mask no fused kernel takes grouped heads (flash: no mask;
+    memory-efficient: no broadcast; cuDNN: off), so SDPA's math backend would hold fp32 scores [B,
+    heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is repeated instead. On
+    the CPU broadcasting is kept: the backward's K/V sums would round otherwise."""
     if group > 1 and masked and device_type == "cuda":
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
     return k, v, group > 1
@@ -558,8 +554,7 @@ class Transformer(nn.Module):
         positions [B, T]: RoPE positions (default: real tokens counted from 0). attention_mask
         [B, S]: real key slots (S = T, or cache.max_len with a cache), each query seeing the real
         ones up to its own; or ready, additive_mask's [B, 1, T, S] (the sampler's decode steps).
-        cache, cache_index (int or 0-d tensor): k/v written at slots cache_index.., T of them.
-        """
+        cache, cache_index (int or 0-d tensor): k/v written at slots cache_index.., T of them."""
         B, T = ids.shape
         device = ids.device
         slots = torch.arange(T, device=device) + cache_index  # [T]

@@ -27,18 +27,17 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
                       weights: dict[str, float], questions: list[str] | None = None,
                       functions=None, template: Template = R1_ZERO,
                       lengths: list[int] | None = None, max_new_tokens: int | None = None,
-                      answer_checker: str | None = None) -> tuple[list[float], dict]:
+                      answer_checker: str | None = None, check: bool = True
+                      ) -> tuple[list[float], dict]:
     """Each completion's rewards, weighed: -> (totals, N floats: sum over weights' names of weight
     * reward; components, {name: N unweighted rewards}). A name is a rule (REWARD_FUNCTIONS) or a
-    key of functions, the config's own rewards (reward_models.py says what one may read, by
-    naming it: REWARD_INFO). completions, golds, truncated and questions, lengths (tokens): N each.
+    key of functions, the config's own rewards (what one may read: reward_models.py's
+    REWARD_INFO). completions, golds, truncated and questions, lengths (tokens): N each.
     A reward that raises or returns anything but N finite numbers stops here with a RuntimeError
-    naming it and the completion."""
+    naming it and the completion. check=False: no checks of the arguments (_check_scoring)."""
     functions = functions or {}
-    sizes = [len(x) for x in (completions, golds, truncated, questions, lengths) if x is not None]
-    if len(set(sizes)) > 1:
-        raise ValueError("completions, golds, truncated (and questions, lengths) must have equal "
-                         f"lengths, got {sizes}")
+    if check:
+        _check_scoring(completions, golds, truncated, questions, lengths, weights, functions)
     checker = answer_checker or "gsm8k"
     own = [name for name in weights if name in functions]
     if own:
@@ -51,21 +50,35 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
             components[name] = [correctness_reward(c, g, t, template, checker) for c, g, t in rows]
         elif name == "format":
             components[name] = [format_reward(c, g, t, template) for c, g, t in rows]
-        elif name in functions:
+        else:
             components[name] = _reward_values(name, functions[name], completions, golds, info,
                                               available)
-        else:
-            raise ValueError(f"unknown reward name {name!r}; known rewards are "
-                             f"{sorted({*REWARD_FUNCTIONS, *functions})}")
     totals = [sum(weights[name] * components[name][i] for name in weights)
               for i in range(len(completions))]
-    for i, total in enumerate(totals):
-        if not math.isfinite(total):
-            raise RuntimeError(f"the weighted reward total is {total} for the completion "
-                               f"{_shown(completions[i])}: the rewards "
-                               f"{({name: components[name][i] for name in weights})} with the "
-                               f"weights {weights} overflow; scale the rewards or the weights down")
+    if not all(map(math.isfinite, totals)):
+        raise RuntimeError(_overflow(totals, components, weights, completions))
     return totals, components
+
+
+def _overflow(totals, components, weights, completions) -> str:
+    """What score_completions says of the first weighted total that is not finite."""
+    i = next(i for i, total in enumerate(totals) if not math.isfinite(total))
+    rewards = {name: components[name][i] for name in weights}
+    return (f"the weighted reward total is {totals[i]} for the completion "
+            f"{_shown(completions[i])}: the rewards {rewards} with the weights {weights} overflow; "
+            "scale the rewards or the weights down")
+
+
+def _check_scoring(completions, golds, truncated, questions, lengths, weights, functions):
+    """score_completions' arguments: N of each list, and every weighed name a reward."""
+    sizes = [len(x) for x in (completions, golds, truncated, questions, lengths) if x is not None]
+    if len(set(sizes)) > 1:
+        raise ValueError("completions, golds, truncated (and questions, lengths) must have equal "
+                         f"lengths, got {sizes}")
+    for name in weights:
+        if name not in REWARD_FUNCTIONS and name not in functions:
+            raise ValueError(f"unknown reward name {name!r}; known rewards are "
+                             f"{sorted({*REWARD_FUNCTIONS, *functions})}")
 
 
 SHOWN_CHARS = 200  # of a completion quoted in an error message
@@ -194,7 +207,7 @@ def correctness_reward(completion: str, gold: str, truncated: bool = False,
                        template: Template = R1_ZERO, answer_checker: str = "gsm8k") -> float:
     """1.0 if the completion's final answer (extract_answer, in template's tags) equals gold (a
     final-answer string like "1,600"), else 0.0. A truncated completion never finished its answer,
-    so it earns nothing. answer_checker (ANSWER_CHECKERS): "gsm8k" (the default: every form of
+    so it earns nothing. answer_checker: an ANSWER_CHECKERS name, "gsm8k" (every form of
     extract_answer, answers.is_equiv) or "math" (MATH_FORMS, math_answers.is_equiv_math)."""
     if truncated:
         return 0.0
@@ -204,12 +217,10 @@ def correctness_reward(completion: str, gold: str, truncated: bool = False,
 
 def format_reward(completion: str, gold: str, truncated: bool = False,
                   template: Template = R1_ZERO) -> float:
-    """
-    1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>" by default,
-    else 0.0: each of the four tags exactly once and in that order, only whitespace before <think>,
-    between </think> and <answer>, and after </answer>; a non-empty answer. gold and truncated are
-    ignored: layout is judged on the text alone.
-    """
+    """1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>" by
+    default, else 0.0: each of the four tags exactly once and in that order, only whitespace
+    before <think>, between </think> and <answer>, and after </answer>; a non-empty answer. gold
+    and truncated are ignored: layout is judged on the text alone."""
     think_open, think_close = template.think
     answer_open, answer_close = template.answer
     if any(completion.count(tag) != 1 for tag in (*template.think, *template.answer)):

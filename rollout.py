@@ -11,6 +11,7 @@ for training (sample_groups: G completions of each of a step's questions) and fo
 Where to add a reward shaping: a function and its config key in SHAPING. What a step logs of its
 samples is records.py's.
 """
+import contextlib
 import dataclasses
 import random
 import time
@@ -59,9 +60,9 @@ class QuestionStream:
 
 def rollout_seed(seed: int, index: int, draw: int = 0) -> int:
     """The sampler's seed for rollout number `index` of a run seeded `seed` (a training step's rows
-    on one rank, step * world_size + rank, or one evaluation sample), and for dynamic sampling's
-    extra draws in one step, draw 1, 2, ... (draw 0 is the step's first): distinct per (seed, index,
-    draw), so a resumed run draws the same samples. Draw d takes index + d * DRAW_STRIDE."""
+    on one rank, step * world_size + rank, or one evaluation sample) and draw `draw` (dynamic
+    sampling's extra draws are 1, 2, ...; it takes index + draw * DRAW_STRIDE): distinct per (seed,
+    index, draw), so a resumed run draws the same samples."""
     return (seed * 1_000_003 + index + draw * DRAW_STRIDE) % 2 ** 31
 
 
@@ -137,13 +138,14 @@ class Sampling:
     cuda_graphs: bool = True  # the sampler's GPU-only fast paths (sample.generate)
     fused_sampling: bool = True
     fused_decode: bool = True
+    checked: bool = False  # prompts and settings checked at set-up (train.py): generate skips it
 
 
 def sampling_of(tokenizer, template: Template, max_new_tokens: int, temperature: float,
                 **settings) -> Sampling:
     """A Sampling for this tokenizer and template: the stops are the end-of-text ids and the answer
     close tag as the tokenizer writes it; settings: top_p, top_k, cuda_graphs, fused_sampling,
-    fused_decode."""
+    fused_decode, checked."""
     return Sampling(max_new_tokens, temperature, stop_sequences(tokenizer, template),
                     set(stop_token_ids(tokenizer)), **settings)
 
@@ -165,11 +167,10 @@ class Scoring:
 
 
 def sample_groups(run, cfg, step: int) -> Samples:
-    """A training step's rollout: draw prompts_per_step questions from run.stream and sample
-    group_size scored completions of each (a group is group_size consecutive rows) with run.sampler,
-    seeded by rollout_seed(seed, step * world_size + rank); under torchrun every rank draws the same
-    questions and keeps its slice of whole groups. With dynamic_sampling, dynamic_groups draws
-    instead."""
+    """A training step's rollout: prompts_per_step questions from run.stream, group_size scored
+    completions of each (a group: group_size consecutive rows) by run.sampler, seeded by
+    rollout_seed(seed, step * world_size + rank); under torchrun each rank keeps its slice of whole
+    groups. dynamic_sampling: dynamic_groups draws instead."""
     if cfg.dynamic_sampling:
         return dynamic_groups(run, cfg, step)
     share = cfg.prompts_per_step // world_size()
@@ -210,7 +211,7 @@ def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
     prompts = [run.prompts[i] for i in rows]
     golds = [run.problems[i]["gold"] for i in rows]
     questions = [run.problems[i]["question"] for i in rows]
-    with run.sampler.lora_merged():
+    with run.sampler.lora_merged() if cfg.lora_rank else contextlib.nullcontext():
         samples = sample_and_score(run.sampler, run.tokenizer, prompts, golds, seed, run.sampling,
                                    run.scoring, questions)
     samples.problems = rows
@@ -229,7 +230,8 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     rollout = generate(model, prompts, sampling.max_new_tokens, temperature=sampling.temperature,
                        top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops,
                        seed=seed, pad_id=tokenizer.pad_token_id, cuda_graphs=sampling.cuda_graphs,
-                       fused_sampling=sampling.fused_sampling, fused_decode=sampling.fused_decode)
+                       fused_sampling=sampling.fused_sampling, fused_decode=sampling.fused_decode,
+                       check=not sampling.checked)
     lengths = rollout.lengths.tolist()
     stopped = rollout.stopped.tolist()
     completions = [row[:n] for row, n in zip(rollout.tokens.tolist(), lengths)]
@@ -237,18 +239,17 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     sampled = time.perf_counter()
     # "</answer>" is kept in the text, a final end-of-text token is not
     texts = [tokenizer.decode(c[:-1] if c[-1] in sampling.end_of_text else c) for c in completions]
-    # the prompt ends in the response prefix ("<think>"): the format reward judges the whole
-    # response. Correctness and format are measured whatever the weights (0: not in the reward)
+    # the format reward judges the whole response, from the prompt's response prefix ("<think>");
+    # correctness and format are measured whatever the weights (0: not in the reward)
     template = scoring.template
     weights = {"correctness": 0.0, "format": 0.0, **scoring.weights}
     rewards, components = score_completions(
         [template.prefix + t for t in texts], golds, [not s for s in stopped], weights, questions,
         scoring.functions, template=template, lengths=lengths,
-        max_new_tokens=sampling.max_new_tokens, answer_checker=scoring.answer_checker)
-    claims = None
-    if scoring.process:
-        claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
-                  for text, ids, stop in zip(texts, completions, stopped)]
+        max_new_tokens=sampling.max_new_tokens, answer_checker=scoring.answer_checker,
+        check=False)  # N of each by construction; the names checked with the config
+    claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
+              for text, ids, stop in zip(texts, completions, stopped)] if scoring.process else None
     return Samples(prompts, completions, texts, stopped, logprobs, rewards, components,
                    sampled - start, time.perf_counter() - sampled, claims,
                    fast_paths=rollout.fast_paths)

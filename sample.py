@@ -85,30 +85,26 @@ class Rollout:
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(),
              stop_sequences=(), seed=None, pad_id=0, cuda_graphs=True,
-             fused_sampling=True, fused_decode=True) -> Rollout:
+             fused_sampling=True, fused_decode=True, check=True) -> Rollout:
     """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens tokens.
     A row ends right after it generates the last id of a stop sequence (a list of ids, as the tokens
     of "</answer>"; each of stop_ids is one of one id), kept in its output; one lying partly in the
     prompt does not count. temperature 0 is greedy; top_p / top_k truncate (off-policy: module
     docstring). The same seed on the same device gives the same output; None draws one; a list
     gives each row its own generator, so its samples do not depend on the batch (the eager loop).
-    cuda_graphs, fused_sampling, fused_decode: the GPU fast paths (fused_decode: the model's layers
-    in kernels.decode_step, for a model made for it: Transformer.fuse_projections), each falling
-    back to the eager torch path by itself.
-    """
-    _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k)
+    cuda_graphs, fused_sampling, fused_decode: the GPU fast paths (module docstring), each falling
+    back to the eager path by itself. check=False: no checks of the arguments and the memory
+    (_check_request), for a caller that made them at set-up (train.py)."""
+    if check:
+        _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
+                       stop_sequences, seed)
     device = model.lm_head.weight.device
     dtype = model.lm_head.weight.dtype
     batch = len(prompts)
     prompt_len = max(len(p) for p in prompts)
-    max_len = -(-(prompt_len + max_new_tokens) // 8) * 8  # a multiple of 8: aligned kernels
-    if device.type == "cuda":
-        _check_memory(model.config, batch, prompt_len, max_len, dtype, device)
+    max_len = cache_slots(prompt_len, max_new_tokens)
     fast = device.type in FAST_PATH_DEVICES  # where the fast paths are tried
     if isinstance(seed, (list, tuple)):
-        if len(seed) != batch:
-            raise ValueError(f"seed is a list of {len(seed)} seeds for {batch} prompts: give one "
-                             "per prompt")
         generator = [torch.Generator(device).manual_seed(s) for s in seed]
         cuda_graphs = False  # a generator per row: the eager loop
     else:
@@ -129,17 +125,17 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
         first.append(model.lm_head(hidden[:, -1]))
         del hidden  # the prefill's hidden states [rows, P, dim] are not kept for the decode loop
     first = first[0] if len(first) == 1 else torch.cat(first)
-    # the decode steps' attention mask, added to the scores: 0 at the real prompt slots
+    # the decode steps' additive attention mask: 0 at the real prompt slots
     mask = torch.full((batch, 1, 1, max_len), float("-inf"), dtype=dtype, device=device)
     mask[:, 0, 0, :prompt_len].masked_fill_(real, 0.0)
-    stop = _stop_table(stop_ids, stop_sequences, model.config.vocab_size).to(device)
+    stop = _stop_table(stop_ids, stop_sequences).to(device)
     sampling = (temperature, top_p, top_k, fused_sampling and fast)
     decoder = _Decoder(model, cache, mask, real.sum(-1), sampling, stop, pad_id, generator,
                        prompt_len)
     decoder.record(first)
 
-    # the decode step, chosen once: the model's forward, eager; where the fast paths are tried,
-    # or the fused kernels, each eager or replayed as CUDA graphs
+    # the decode step, chosen once: the model's forward; on a fast-path device maybe the fused
+    # kernels, maybe replayed as CUDA graphs (_fast_step)
     step = _fast_step(decoder, generator, cuda_graphs, fused_decode) if fast else decoder.step
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
@@ -158,10 +154,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     after = torch.arange(n, device=device) >= lengths[:, None]  # sampled after the row's end
     tokens = decoder.tokens[:, prompt_len:prompt_len + n].masked_fill(after, pad_id)
     logprobs = decoder.logprobs[:, prompt_len:prompt_len + n].masked_fill(after, 0.0)
-    fast_paths = {}
-    if fast:
-        fast_paths = _fast_paths_used(model, cuda_graphs, fused_sampling and isinstance(
-            generator, torch.Generator), fused_decode, temperature, top_p, top_k)
+    fast_paths = _fast_paths_used(model, cuda_graphs, fused_sampling and isinstance(
+        generator, torch.Generator), fused_decode, temperature, top_p, top_k) if fast else {}
     return Rollout(tokens, lengths, logprobs, stopped, fast_paths)
 
 
@@ -208,7 +202,9 @@ class _Graphed:
             self.replay()
 
 
-def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
+def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
+                   stop_sequences, seed):
+    """generate's arguments and the memory it needs: a ValueError naming the first that is wrong."""
     config = model.config
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs a non-empty list of non-empty prompts (token-id lists)")
@@ -220,11 +216,34 @@ def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k):
     if low < 0 or high >= config.vocab_size:
         raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}); got ids from "
                          f"{low} to {high}")
+    for sequence in stop_sequences:
+        if isinstance(sequence, (int, str)):
+            raise ValueError("stop_sequences is a list of token-id lists such as [[522, 9217, "
+                             f"29]]; got an element {sequence!r}")
+    for sequence in [[i] for i in stop_ids] + [list(s) for s in stop_sequences]:
+        if not sequence:
+            raise ValueError("a stop sequence is empty: each needs at least one token id")
+        if min(sequence) < 0 or max(sequence) >= config.vocab_size:
+            raise ValueError(f"stop sequence {sequence} has an id outside the model's vocabulary "
+                             f"[0, {config.vocab_size})")
+    if isinstance(seed, (list, tuple)) and len(seed) != len(prompts):
+        raise ValueError(f"seed is a list of {len(seed)} seeds for {len(prompts)} prompts: give "
+                         "one per prompt")
+    device = model.lm_head.weight.device
+    if device.type == "cuda":
+        _check_memory(config, len(prompts), max(map(len, prompts)), max_new_tokens,
+                      model.lm_head.weight.dtype, device)
 
 
-def _check_memory(config, batch, prompt_len, max_len, dtype, device):
+def cache_slots(prompt_len: int, max_new_tokens: int) -> int:
+    """The KV cache's slots for prompts of prompt_len: a multiple of 8, for aligned kernels."""
+    return -(-(prompt_len + max_new_tokens) // 8) * 8
+
+
+def _check_memory(config, batch, prompt_len, max_new_tokens, dtype, device):
     """On CUDA (the caller's condition), a ValueError before any work unless the KV cache and the
     prefill (prefill_nbytes) fit the free memory."""
+    max_len = cache_slots(prompt_len, max_new_tokens)
     free = torch.cuda.mem_get_info(device)[0]
     free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # cached
     cache = KVCache.nbytes(config, batch, max_len, dtype)
@@ -247,21 +266,11 @@ def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
     return view
 
 
-def _stop_table(stop_ids, stop_sequences, vocab_size) -> torch.Tensor:
+def _stop_table(stop_ids, stop_sequences) -> torch.Tensor:
     """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence
     right-aligned to end in the last column, -1 padding the shorter ones; no stops gives [0, 1]."""
-    for sequence in stop_sequences:
-        if isinstance(sequence, (int, str)):
-            raise ValueError("stop_sequences is a list of token-id lists such as [[522, 9217, "
-                             f"29]]; got an element {sequence!r}")
     sequences = [[int(i)] for i in stop_ids]
     sequences += [[int(i) for i in sequence] for sequence in stop_sequences]
-    for sequence in sequences:
-        if not sequence:
-            raise ValueError("a stop sequence is empty: each needs at least one token id")
-        if min(sequence) < 0 or max(sequence) >= vocab_size:
-            raise ValueError(f"stop sequence {sequence} has an id outside the model's vocabulary "
-                             f"[0, {vocab_size})")
     width = max(map(len, sequences), default=1)
     table = torch.full((len(sequences), width), -1, dtype=torch.long)
     for row, sequence in enumerate(sequences):
@@ -437,11 +446,7 @@ def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True
     can live in a CUDA graph. fused: on CUDA, the fused Triton kernel where it applies."""
     one_generator = isinstance(generator, torch.Generator)
     if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
-        try:
-            return _fused_gumbel_sample(logits, temperature, generator)
-        except Exception as error:
-            # Triton builds its launcher with a C compiler on first use; a launch can fail
-            fall_back(FUSED, "to compile or launch", error)
+        return _fused_or_eager(logits, temperature, generator)
     scaled = logits.float() if temperature in (0, 1) else logits.float() / temperature  # 0: greedy
     logprobs = scaled.log_softmax(-1)
     if temperature == 0:
@@ -464,6 +469,16 @@ def _fused_possible(device, temperature, top_p, top_k) -> bool:
     sampling, and the kernel not fallen back from in this process."""
     return (triton is not None and device.type in FAST_PATH_DEVICES and temperature > 0
             and top_p == 1 and top_k == 0 and FUSED not in FALLEN_BACK)
+
+
+def _fused_or_eager(logits, temperature, generator):
+    """sample_next's draw by the fused kernel; if it fails (Triton builds its launcher with a C
+    compiler on first use; a launch can fail), fall_back says so and the eager path draws."""
+    try:
+        return _fused_gumbel_sample(logits, temperature, generator)
+    except Exception as error:
+        fall_back(FUSED, "to compile or launch", error)
+    return sample_next(logits, temperature, 1.0, 0, generator, fused=False)
 
 
 def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ from data import load_problems
 from distributed import (broadcast_weights, copy_weights, from_every_rank, init_distributed,
                          leave_together, rank, sharded, spread)
 from eval import held_out_eval
-from grpo import (Loss, add_logprobs, add_values, advantages_of, configure_optimizer, critic_update,
+from grpo import (Loss, add_logprobs, advantages_of, configure_optimizer, critic_update,
                   gae_advantages, loss_of, make_micro_batches, mark_high_entropy, set_rows, update,
                   warmup_lr)
 from model import Critic, Transformer, resolve_device, set_attention_backends
@@ -105,7 +105,7 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
                "sft_more": sft_step}
     for step in bar:
         with saved_on_failure(run, cfg, step, ckpt_path):  # a failure keeps the steps before
-            samples, stats = step_of[cfg.method](run, cfg, step)
+            samples, stats = with_peak_memory(step_of[cfg.method], run, cfg, step)
             record = step_record(step, samples, stats, cfg, run.template)  # may fail the step too
         run.step = step
         tracker.log(record)
@@ -128,25 +128,34 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
     return {**summary, "step": run.step}
 
 
+def with_peak_memory(step_fn, run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
+    """step_fn(run, cfg, step), on CUDA with the step's peak memory in its stats: allocated
+    (memory_gb) and reserved (memory_reserved_gb, the CUDA graphs' pool included)."""
+    device = run.policy.lm_head.weight.device
+    if device.type != "cuda":
+        return step_fn(run, cfg, step)
+    torch.cuda.reset_peak_memory_stats(device)
+    samples, stats = step_fn(run, cfg, step)
+    return samples, {**stats, "memory_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+                     "memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9}
+
+
 # -----------------------------------------------------------------------------
 # one GRPO step
 
 
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
-    """One step of GRPO on run's weights, in place (method="ppo": of PPO, its critic's values for
-    the group baseline); returns what it computed, for the loop to record: the samples and the
-    update's stats (with lr, phase times, on CUDA peak memory)."""
+    """One step of GRPO on run's weights, in place (method="ppo": PPO's, a critic's values for the
+    group baseline); returns what it computed, for the loop to record: the samples and the update's
+    stats (with lr and the phase times; the loop adds the peak memory, with_peak_memory)."""
     device = run.policy.lm_head.weight.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)  # memory_gb: this step's peak
     # 1. rollout: group_size completions of prompts_per_step questions, sampled, scored, shaped
     samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
     trained = samples.stopped if cfg.mask_truncated_completions else None  # DAPO: no truncated
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs, trained)
-    # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too;
-    # PPO: the critic's values
+    # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too
     if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy without its adapters
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature,
@@ -157,16 +166,12 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if cfg.top_entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
         mark_high_entropy(run.policy, batches, cfg.top_entropy_quantile, cfg.temperature,
                           cfg.logprob_chunk, run.autocast)
-    if run.critic is not None:
-        add_values(run.critic, batches, run.autocast)
-    # 3. advantages: the rewards normalised within each group; PPO: GAE on the critic's values
+    # 3. advantages: the rewards normalised within each group; PPO: GAE on its critic's values
     critic_stats = {}
     if run.critic is None:
         set_rows(batches, "advantages", advantages_of(samples, batches, cfg))
-    else:
-        advantages, returns, critic_stats = gae_advantages(samples, batches, cfg)
-        set_rows(batches, "advantages", advantages)
-        set_rows(batches, "returns", returns)
+    else:  # the critic's values, then the advantages and the returns it learns
+        critic_stats = gae_advantages(run.critic, samples, batches, cfg, run.autocast)
     if device.type == "cuda":
         torch.cuda.synchronize()  # so the phase timings below are honest
     t2 = time.perf_counter()
@@ -182,9 +187,6 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
         copy_weights(run.sampler, run.policy)
     t3 = time.perf_counter()
     stats.update(lr=lr, time_reference=t2 - t1, time_update=t3 - t2)
-    if device.type == "cuda":  # the step's peaks: allocated, and reserved (graph pool included)
-        stats["memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-        stats["memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 1e9
     return samples, stats
 
 # -----------------------------------------------------------------------------
@@ -253,7 +255,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
                                                               cfg.weight_decay, cfg.adam_betas),
               sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
                                    cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,
-                                   fused_decode=cfg.fused_decode),
+                                   fused_decode=cfg.fused_decode, checked=True),
               scoring=Scoring(template, cfg.reward_weights, cfg.answer_checker, rewards,
                               process=cfg.supervision != "outcome"))
     if state is not None:

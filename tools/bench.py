@@ -58,7 +58,7 @@ from records import read_log, step_record  # noqa: E402
 from rollout import QuestionStream, Scoring, sampling_of  # noqa: E402
 from sample import generate  # noqa: E402
 from template import template_of  # noqa: E402
-from train import Run, grpo_step, main as train_main  # noqa: E402
+from train import Run, grpo_step, main as train_main, with_peak_memory  # noqa: E402
 
 SHAPES = {  # Qwen2.5 shapes (config.json of each checkpoint); "tiny" is for the CPU
     "tiny": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128),
@@ -260,7 +260,7 @@ def bench_step(ours, work: dict, device, dtype, beta: float, micro_batch_size: i
     records = []
     for step in range(1, work["steps"] + 1):
         start = time.perf_counter()
-        samples, stats = grpo_step(run, cfg, step)  # on CUDA stats hold its peaks, memory_gb and memory_reserved_gb
+        samples, stats = with_peak_memory(grpo_step, run, cfg, step)  # on CUDA: memory_gb, memory_reserved_gb
         records.append({**step_record(step, samples, stats, cfg, run.template),
                         "time_step": time.perf_counter() - start})
     timed_records = records[1:] or records  # step 1 warms up kernels and the allocator

@@ -53,12 +53,13 @@ def run(command: list[str], out_dir: str, config: str = "configs/demo.py", steps
 
 
 def cost(out_dir: str) -> tuple[float, float] | None:
-    """A run's wall seconds and peak resident memory in MB (OUT_DIR.time, from GNU time), or None."""
+    """A run's wall seconds and peak resident memory in MB (OUT_DIR.time, from GNU time), or None
+    (no such file, or an empty one: a run stopped before GNU time wrote it)."""
     path = out_dir + ".time"
-    if not os.path.exists(path):
+    words = open(path).read().split() if os.path.exists(path) else []
+    if len(words) < 2:
         return None
-    seconds, kilobytes = open(path).read().split()[-2:]
-    return float(seconds), float(kilobytes) / 1024
+    return float(words[-2]), float(words[-1]) / 1024
 
 
 def cell(values, scale=1.0, digits=1) -> str:
@@ -105,9 +106,9 @@ def summary(out: str, seeds: list[int]) -> str:
         for s in seeds:
             for rl_seed in (s, s + 1):
                 out_dir = os.path.join(out, f"w{s}_{method}_{rl_seed}")
-                evals, log = read(os.path.join(out_dir, "eval.jsonl")), read(os.path.join(out_dir, "log.jsonl"))
-                if not evals:
+                if not finished(out_dir, 60):  # absent, or stopped before its last evaluation
                     continue
+                evals, log = read(os.path.join(out_dir, "eval.jsonl")), read(os.path.join(out_dir, "log.jsonl"))
                 if cost(out_dir) and (method, rl_seed) != ("grpo", s):  # that one trains its warm start too
                     costs.append(cost(out_dir))
                 first.append(evals[0]["pass@1"])
