@@ -691,8 +691,11 @@ def clip(x: Terms, low: float, high: float) -> tuple[torch.Tensor, dict]:
 
 def two_sided_clip(x: Terms, low: float, high: float, delta: float) -> tuple[torch.Tensor, dict]:
     """INTELLECT-2 (arXiv:2505.07291): PPO's clip with the ratio also capped at delta > 1 + high,
-    which bounds the term of a negative advantage (PPO's min leaves it unbounded above)."""
-    return clip(dataclasses.replace(x, ratio=x.ratio.clamp(max=delta)), low, high)
+    which bounds the term of a negative advantage (PPO's min leaves it unbounded above). Measures
+    delta_capped_frac: the tokens with A < 0 whose ratio passes delta."""
+    token_loss, sums = clip(dataclasses.replace(x, ratio=x.ratio.clamp(max=delta)), low, high)
+    sums["delta_capped_frac"] = summed(x, (x.advantages < 0) & (x.ratio > delta))
+    return token_loss, sums
 
 
 def cispo(x: Terms, high: float) -> tuple[torch.Tensor, dict]:
@@ -706,9 +709,11 @@ def cispo(x: Terms, high: float) -> tuple[torch.Tensor, dict]:
 def sapo(x: Terms, positive: float, negative: float) -> tuple[torch.Tensor, dict]:
     """SAPO (arXiv:2511.20347): a soft gate instead of the clip, -sigmoid(tau (r - 1)) 4 / tau A,
     with tau = positive for A > 0, negative otherwise; its gradient is that of r A at r = 1 and
-    fades smoothly off-policy."""
+    fades smoothly off-policy. Measures sapo_gate_mean: the gradient's weight against r A's, 4
+    sigma (1 - sigma), 1 on-policy."""
     tau = torch.where(x.advantages > 0, positive, negative)  # [b, 1] or [b, N]
-    return -(torch.sigmoid(tau * (x.ratio - 1)) * 4 / tau) * x.advantages, {}
+    gate = torch.sigmoid(tau * (x.ratio - 1))  # [b, N]
+    return -(gate * 4 / tau) * x.advantages, {"sapo_gate_mean": summed(x, 4 * gate * (1 - gate))}
 
 
 POLICY_LOSSES = {"clip": clip, "cispo": cispo, "sapo": sapo}
@@ -820,6 +825,12 @@ def entropy_bonus(x: Terms, sizes: Sizes, coef: float) -> torch.Tensor:
     return coef * (x.entropy * x.policy_mask).sum() / sizes.policy_tokens
 
 
+def policy_tokens(x: Terms) -> dict:
+    """The policy_token_frac measure: the completion tokens whose policy term counts
+    (top_entropy_quantile's and mask_truncated_completions' policy_mask)."""
+    return {"policy_token_frac": summed(x, x.policy_mask)}
+
+
 def entropy_sum(x: Terms) -> dict:
     """The entropy measure from completion_logprobs' sum."""
     return {"entropy": x.entropy}
@@ -883,6 +894,8 @@ def loss_of(cfg) -> Loss:
     if cfg.entropy_coef > 0:
         bonuses.append(partial(entropy_bonus, coef=cfg.entropy_coef))
     measures.append(entropy_tokens if bonuses else entropy_sum)
+    if cfg.top_entropy_quantile < 1 or cfg.mask_truncated_completions:
+        measures.append(policy_tokens)
     ratio = chosen(IMPORTANCE_SAMPLING_LEVELS, "importance_sampling_level",
                    cfg.importance_sampling_level)
     aggregate = chosen(LOSS_AGGS, "loss_agg", cfg.loss_agg)
@@ -956,7 +969,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
         importance_sampling_clip_max=importance_sampling_clip_max,
         importance_sampling_clip_min=importance_sampling_clip_min,
         off_policy_mask_threshold=off_policy_mask_threshold,
-        top_entropy_quantile=top_entropy_quantile, entropy_coef=entropy_coef)
+        top_entropy_quantile=top_entropy_quantile, entropy_coef=entropy_coef,
+        mask_truncated_completions=loss_mask is not None)
     loss = loss_of(settings)
     mask = mask.bool()
     loss_mask = mask if loss_mask is None else mask & loss_mask.bool()

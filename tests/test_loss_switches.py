@@ -3,6 +3,8 @@ the mask that scores and normalises, and what stops a run whose loss or gradient
 loss on the same inputs: tests/test_trl_parity.py."""
 import json
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -98,10 +100,11 @@ def test_sapo_is_a_soft_gate_with_the_ratio_gradient_on_policy():
     log_r = torch.tensor([[0.0], [0.7], [-0.4]])
     adv = torch.tensor([1.0, 1.0, -1.0])
     logp = (old + log_r).requires_grad_()
-    loss, _ = grpo_loss(logp, old, None, adv, torch.ones(3, 1), beta=0.0, policy_loss="sapo",
-                        loss_agg="token_mean")
+    loss, stats = grpo_loss(logp, old, None, adv, torch.ones(3, 1), beta=0.0, policy_loss="sapo",
+                            loss_agg="token_mean")
     r, tau = log_r.exp()[:, 0], torch.tensor([1.0, 1.0, 1.05])
     gate = torch.sigmoid(tau * (r - 1))
+    assert stats["sapo_gate_mean"].item() == pytest.approx((4 * gate * (1 - gate)).mean().item())  # 1 on-policy
     assert loss.item() == pytest.approx((-(gate * 4 / tau * adv).sum() / 3).item(), rel=1e-6)
     loss.backward()
     expected = -4 * gate * (1 - gate) * r * adv / 3
@@ -115,9 +118,11 @@ def test_delta_caps_the_ratio_of_a_negative_advantage():
     old = torch.zeros(2, 1)
     for delta, loss_value, grad in ((None, (2.0 - 1.2) / 2, -2.0 / 2), (1.5, (1.5 - 1.2) / 2, 0.0)):
         logp = (old + math.log(2.0)).requires_grad_()
-        loss, _ = grpo_loss(logp, old, None, torch.tensor([-1.0, 1.0]), torch.ones(2, 1), beta=0.0, delta=delta)
+        loss, stats = grpo_loss(logp, old, None, torch.tensor([-1.0, 1.0]), torch.ones(2, 1), beta=0.0,
+                                delta=delta)
         loss.backward()
         assert loss.item() == pytest.approx(loss_value) and logp.grad[0, 0].item() == pytest.approx(-grad)
+        assert stats.get("delta_capped_frac", "off") == ("off" if delta is None else 0.5)  # 1 of 2 tokens
         assert logp.grad[1, 0] == 0
 
 # -----------------------------------------------------------------------------
@@ -145,8 +150,9 @@ def test_top_entropy_quantile_keeps_the_policy_gradient_of_the_highest_entropy_t
     0.8, 0.9, 1.0 carry the policy gradient; the KL reaches all ten."""
     logp = on_policy([[-1.0] * 5, [-1.0] * 5])
     entropy = torch.arange(1, 11, dtype=torch.float32).view(2, 5) / 10
-    loss, _ = grpo_loss(logp, None, logp.detach() - 0.2, torch.tensor([1.0, 1.0]), torch.ones(2, 5), beta=0.1,
-                        entropy=entropy, top_entropy_quantile=0.3)
+    loss, stats = grpo_loss(logp, None, logp.detach() - 0.2, torch.tensor([1.0, 1.0]), torch.ones(2, 5), beta=0.1,
+                            entropy=entropy, top_entropy_quantile=0.3)
+    assert stats["policy_token_frac"] == pytest.approx(0.3)  # 3 of the 10 tokens
     loss.backward()
     k3_grad = 0.1 * (1 - math.exp(-0.2)) / 5 / 2
     policy_part = logp.grad - k3_grad
@@ -262,6 +268,8 @@ def test_truncated_completions_leave_the_loss_and_its_normalisers_but_stay_measu
             assert sum(b.mask.sum() for b in batches) == sum(len(c) for c in completions)  # every token scored
             assert sum(b.loss_mask.sum() for b in batches) == sum(len(completions[i]) for i in (0, 2, 3))
             assert stats["kl"] > 0 and torch.isfinite(stats["loss"])
+            kept_tokens = sum(len(completions[i]) for i in (0, 2, 3)) / sum(len(c) for c in completions)
+            assert stats["policy_token_frac"].item() == pytest.approx(kept_tokens)
     assert torch.allclose(grads[0], grads[2], atol=1e-6) and torch.allclose(grads[1], grads[2], atol=1e-6)
 
 
@@ -317,3 +325,15 @@ def test_a_record_holds_numbers_only():
     with pytest.raises(FloatingPointError, match="ratio_mean is inf"):
         step_record(3, None, {"loss": 0.1, "ratio_mean": float("inf")}, TrainConfig(), None)
     assert step_record(3, None, {"loss": 0.1}, TrainConfig(), None) == {"step": 3, "loss": 0.1}
+
+
+def test_the_smoke_config_and_every_switch_it_runs_load_as_configs():
+    """tools/smoke_switches.py's runs (python tools/smoke_switches.py runs them, about 5 minutes): the smoke config
+    after configs/demo.py, and each switch's arguments on it, pass the config's checks and change the config."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import smoke_switches
+    from config import load_config
+    base = load_config(smoke_switches.CONFIG)
+    assert base.mu == 2 and base.max_steps == 4 and base.sft_steps > 0 and base.eval_every == 0
+    for name, (args, _, _) in smoke_switches.SWITCHES.items():
+        assert load_config(smoke_switches.CONFIG + args) != base, name
