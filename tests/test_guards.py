@@ -9,6 +9,7 @@ import torch
 import grpo
 import rollout
 import train
+from model import ModelConfig, Transformer
 from train import TrainConfig, load_config
 
 
@@ -288,3 +289,21 @@ def test_a_failure_after_the_first_of_mu_updates_saves_nothing_new(tmp_path, mon
                                                  "checkpoint written"):
         train.train(tiny(tmp_path, mu=2, max_steps=3, checkpoint_every=0))
     assert saved_step(tmp_path) == 0 and log_steps(tmp_path) == [1]
+
+
+def test_the_step_leaves_the_sampler_and_scoring_checks_to_set_up(tmp_path, monkeypatch):
+    """Issue 55: train.py checks every prompt, the stops, the memory and the reward names once, at set-up, so the
+    step's (and its held-out evaluations') generate and score_completions skip their own checks (check=False); a
+    direct call still makes them."""
+    import rewards
+    import sample
+    calls = []
+    monkeypatch.setattr(sample, "_check_request", lambda *args: calls.append("generate"))
+    monkeypatch.setattr(rewards, "_check_scoring", lambda *args: calls.append("score"))
+    train.train(tiny(tmp_path, max_steps=2, eval_every=1))
+    assert calls == []
+    model = Transformer(ModelConfig(vocab_size=11, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
+                                    ffn_dim=32, max_seq_len=32))
+    sample.generate(model, [[1, 2]], 2, seed=0)
+    rewards.score_completions(["x"], ["1"], [False], {"format": 1.0})
+    assert calls == ["generate", "score"]
