@@ -43,7 +43,9 @@ LOSS_KEYS = ["clip_eps", "clip_eps_high", "beta", "kl_estimator", "loss_agg", "i
 
 def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_build_the_runs_loss(tmp_path, monkeypatch):
     """The loss's knobs are grpo_loss's keywords after sampler_logp (before its keyword-only tensors), each a config
-    key with the same default; loss_of reads every one of them, and the run's loss is loss_of of its config."""
+    key with the same default; loss_of reads every one of them, and mask_truncated_completions (whose loss mask the
+    step builds and grpo_loss takes as loss_mask: it adds the policy_token_frac measure), and the run's loss is
+    loss_of of its config."""
     parameters = [p for p in inspect.signature(grpo_loss).parameters.values() if p.kind != p.KEYWORD_ONLY]
     knobs = parameters[[p.name for p in parameters].index("sampler_logp") + 1:]
     assert [p.name for p in knobs] == LOSS_KEYS
@@ -56,16 +58,16 @@ def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_build_the_
         def __getattr__(self, name):
             self.read.add(name)
             return self.settings[name]
+    defaults = {**{p.name: p.default for p in knobs}, "mask_truncated_completions": False}
     for changed in ({}, {"tis_cap": None, "importance_sampling_correction": True}, {"tis_cap": 2.0},
                     {"policy_loss": "sapo"}, {"delta": 2.0}, {"top_entropy_quantile": 0.5},
-                    {"off_policy_mask_threshold": 0.5}, {"entropy_coef": 0.1}):
-        settings = Reading(**{**{p.name: p.default for p in knobs}, **changed})
+                    {"off_policy_mask_threshold": 0.5}, {"entropy_coef": 0.1}, {"mask_truncated_completions": True}):
+        settings = Reading(**{**defaults, **changed})
         grpo.loss_of(settings)
         assert settings.read >= set(changed), changed
-    every = Reading(**{**{p.name: p.default for p in knobs}, "importance_sampling_correction": True,
-                       "policy_loss": "sapo"})
+    every = Reading(**{**defaults, "importance_sampling_correction": True, "policy_loss": "sapo"})
     grpo.loss_of(every)
-    assert every.read == set(LOSS_KEYS)
+    assert every.read == set(LOSS_KEYS) | {"mask_truncated_completions"}
     seen = []
     real = train.loss_of
     monkeypatch.setattr(train, "loss_of", lambda cfg: seen.append(cfg) or real(cfg))
