@@ -194,7 +194,10 @@ class TrainConfig:
     micro_batch_size: int = 16
     # completion tokens per lm_head + log_softmax chunk (bounds the logits memory)
     logprob_chunk: int = 2048
-    grad_checkpointing: bool = False
+    # recompute each layer's activations in the backward instead of holding them: None chooses at
+    # set-up (on a GPU on only where the update would not fit without it, said in the output:
+    # run_management.grad_checkpointing_of; elsewhere off); True is the lean setting
+    grad_checkpointing: bool | None = None
     # supervised warm start (the SFT stage of the R1 pipeline): worked solutions as
     # "...</think> <answer>N</answer>"
     sft_steps: int = 0

@@ -207,6 +207,41 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
             "critic gradients": 4 * critic}
 
 
+def activation_bytes(config: ModelConfig, cfg, seq_len: int, checkpointing: bool) -> int:
+    """An estimate of what the update's backward holds for one micro-batch, micro_batch_size rows
+    of seq_len tokens, in bf16 (2 B an element; unmeasured on a GPU, where log.jsonl's memory_gb
+    is the measure): per token and layer, what model.Block's forward saves: the two norms' inputs
+    and outputs (4 dim), RoPE's two products (2 q + 2 kv), attention's query, keys, values and
+    output (4 q: on CUDA grouped heads are repeated, model.attention_kv), o_proj's input (q) and
+    the MLP's four (4 ffn_dim). With checkpointing each layer keeps its input (dim), and one layer
+    at a time the rest, in its recompute."""
+    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    per_layer = 4 * config.dim + 7 * q + 2 * kv + 4 * config.ffn_dim  # elements a token
+    tokens = cfg.micro_batch_size * seq_len
+    if checkpointing:
+        return 2 * tokens * (config.n_layers * config.dim + per_layer)
+    return 2 * tokens * config.n_layers * per_layer
+
+
+def grad_checkpointing_of(cfg, device: torch.device, config: ModelConfig,
+                          prompt_len: int) -> tuple[bool, str]:
+    """cfg.grad_checkpointing, or where the config leaves it unset (None) the choice, with a
+    sentence saying it: on a GPU, on only where what the run holds (memory_need) and the update's
+    activations without it (activation_bytes) pass 90% of the free memory (the rest for what
+    neither counts: autocast's bf16 copies of the weights, the allocator's slack); elsewhere off."""
+    if cfg.grad_checkpointing is not None or device.type != "cuda":
+        return bool(cfg.grad_checkpointing), ""
+    free = torch.cuda.mem_get_info(device)[0]
+    held = memory_need(memory_bytes(config, cfg, prompt_len))
+    activations = activation_bytes(config, cfg, prompt_len + cfg.max_new_tokens, False)
+    on = held + activations > 0.9 * free
+    return on, (f"grad_checkpointing {'on' if on else 'off'} (unset, so chosen): the update's "
+                f"activations without it, about {size(activations)} (an estimate, "
+                f"run_management.activation_bytes), and the {size(held)} the run holds "
+                f"{'pass' if on else 'fit in'} 90% of the {size(free)} free on {device}; set "
+                "grad_checkpointing to choose (True: the lean setting)")
+
+
 def memory_need(parts: dict[str, int]) -> int:
     """The peak of memory_bytes' parts: what is held, and the larger of the two phases (they never
     overlap)."""

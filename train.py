@@ -40,7 +40,8 @@ from records import Tracker, progress, shown_samples, step_record
 from reward_models import load_rewards
 from rollout import QuestionStream, Samples, Sampling, Scoring, sample_groups, sampling_of
 from run_management import (RunLock, StopRequest, check_machine, check_out_dir, check_reachable,
-                            command_line, hub_names, model_config, refusals, report_stop,
+                            command_line, grad_checkpointing_of, hub_names, model_config,
+                            refusals, report_stop,
                             saved_on_failure, start_out_dir)
 from sft import rft_step, sft_step, sft_target, warm_start
 from template import Template, encode_prompt, template_of
@@ -219,6 +220,8 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)
         policy = load_policy(cfg, state, tokenizer)
         policy.config.check_context(every_prompt, cfg.max_new_tokens)
+        checkpointing, chosen = grad_checkpointing_of(cfg, device, policy.config,
+                                                      max(map(len, every_prompt)))
         if state is None and cfg.init_from:
             load_init_weights(policy, cfg.init_from, warm, cfg.dataset == "synthetic_split")
         start_out_dir(cfg, state, heldout)  # all checked: clear an old run, or cut its logs
@@ -226,7 +229,9 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     # fp32 master weights and AdamW; bf16 forward passes under autocast (bf16 AdamW loses lr 1e-6)
     autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
-    policy.to(device).grad_checkpointing = cfg.grad_checkpointing
+    policy.to(device).grad_checkpointing = checkpointing
+    if chosen and rank() == 0:
+        print(chosen, flush=True)
     run_id = (state or {}).get("run_id") or from_every_rank(uuid.uuid4().hex[:12])[0]
     if warm_prompts:  # the warm start; a saved one goes on where it stopped
         targets = [sft_target(tokenizer, p, template) for p in warm]

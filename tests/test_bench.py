@@ -193,3 +193,19 @@ def test_the_step_benchmark_keeps_headroom_at_each_shape_and_both_sides_share_it
     assert bench.step_sizes("1.5b") == {"micro_batch_size": 16, "grad_checkpointing": True}
     assert bench.step_sizes("tiny") == {"micro_batch_size": bench.micro_batch(bench.WORKLOADS["tiny"]),
                                         "grad_checkpointing": False}
+
+
+def test_the_lean_part_is_the_step_with_checkpointing_and_reports_its_memory_against_trls(monkeypatch, capsys):
+    """Issue 56: the leanest setting (grad_checkpointing=True) is measured beside the fastest, on the same workload,
+    and its peak is printed as a share of TRL's (the target: at most half)."""
+    seen = []
+    step = {"time_step": 1.0, "time_sample": 0.5, "time_reward": 0.1, "time_reference": 0.2, "time_update": 0.2,
+            "peak_memory_gib": 1.0, "steps_timed": 2, "response_length": 16.0, "fast_paths": {}}
+    monkeypatch.setattr(bench, "bench_step", lambda *args, **kwargs: seen.append(kwargs) or step)
+    monkeypatch.setattr(bench, "bench_trl", lambda *args: None)
+    result = bench.main(["--tiny", "--skip", "sampler,ppo,profile"])
+    assert [kwargs.get("grad_checkpointing") for kwargs in seen] == [False, True] and result["lean"] == step
+    shown = bench.report({**result, "device": "cuda", "trl": {"time_step": 4.0, "peak_memory_gib": 2.5,
+                                                              "response_length": 15.0},
+                          "lean": {**step, "time_step": 1.25, "peak_memory_gib": 1.0}})
+    assert "| train.grpo_step, lean | 1.250 |" in shown and "TRL step time / ours 3.20x, our peak memory / TRL's 0.40x" in shown

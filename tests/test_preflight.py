@@ -1,6 +1,7 @@
 """Issue 35's first-run failures: each says what is wrong and what to do, in a few lines without a traceback, before
 any long wait: a model not in the cache without network, a GPU-sized config without a GPU, too little GPU memory,
 a missing or malformed data file, a disk too small; and a crash names the saved step and the command that goes on."""
+import dataclasses
 import json
 import os
 import shutil
@@ -176,3 +177,41 @@ def test_tools_memory_prints_the_estimate_without_a_gpu_or_the_weights(tmp_path)
     assert lines[2].startswith("  ppo: ") and "critic weights 6.17 GB, critic AdamW state 12.35 GB" in lines[2]
     grpo, ppo = (float(line.split(": ")[1].split(" GB")[0]) for line in lines[1:])
     assert ppo == pytest.approx(grpo + 6.17 + 12.35, abs=0.02)  # the critic's gradients fit under the update's peak
+
+
+def test_activation_checkpointing_left_unset_is_chosen_from_the_memory_and_said(monkeypatch):
+    """Issue 56: grad_checkpointing None is chosen at set-up: on a GPU on only where what the run holds and the
+    update's activations without it (an upper bound: every completion at max_new_tokens) pass 90% of the free
+    memory, said in a sentence; on the CPU off, silently, as before; an explicit setting is kept. configs/gsm8k.py
+    leaves it unset: on for an 80 GB card, off on an H200, as its comment states."""
+    from config import load_config
+    config = preflight.ModelConfig.from_hf(QWEN_1_5B)
+    cfg = dataclasses.replace(load_config([os.path.join(ROOT, "configs", "gsm8k.py")]), dtype="bfloat16")
+    assert cfg.grad_checkpointing is None
+    # by hand: per token and layer 4 dim + 7 q + 2 kv + 4 ffn elements, 2 bytes each; 16 rows of 297 + 512 tokens
+    per_layer = 4 * 1536 + 7 * 12 * 128 + 2 * 2 * 128 + 4 * 8960
+    assert preflight.activation_bytes(config, cfg, 809, False) == 2 * 16 * 809 * 28 * per_layer
+    assert preflight.activation_bytes(config, cfg, 809, True) == 2 * 16 * 809 * (28 * 1536 + per_layer)
+    held = preflight.memory_need(preflight.memory_bytes(config, cfg, 297))
+    activations = preflight.activation_bytes(config, cfg, 809, False)
+    comment = open(os.path.join(ROOT, "configs", "gsm8k.py")).read()
+    assert f"{activations / 1e9:.1f} GB" in comment and f"{held / 1e9:.1f} GB held" in comment
+    cuda = torch.device("cuda")
+    for free, on in ((79 * 10**9, True), (140 * 10**9, False)):  # an H100's free memory, an H200's
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, free + 10**9))
+        chosen, said = preflight.grad_checkpointing_of(cfg, cuda, config, 297)
+        assert chosen == on and said.startswith(f"grad_checkpointing {'on' if on else 'off'} (unset, so chosen)")
+        assert (held + activations > 0.9 * free) == on
+    for setting in (True, False):
+        assert preflight.grad_checkpointing_of(dataclasses.replace(cfg, grad_checkpointing=setting), cuda, config,
+                                               297) == (setting, "")
+    assert preflight.grad_checkpointing_of(cfg, torch.device("cpu"), config, 297) == (False, "")
+
+
+def test_a_cpu_run_leaves_checkpointing_off_unless_asked(tmp_path, monkeypatch):
+    seen = []
+    real = preflight.grad_checkpointing_of
+    monkeypatch.setattr(train, "grad_checkpointing_of", lambda *args: seen.append(real(*args)) or seen[-1])
+    train.train(tiny(tmp_path / "unset", max_steps=1))
+    train.train(tiny(tmp_path / "asked", max_steps=1, grad_checkpointing=True))
+    assert seen == [(False, ""), (True, "")]

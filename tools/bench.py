@@ -15,7 +15,8 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
 2. GRPO step: train.py's own grpo_step on fixed-length prompts; seconds per phase (sample, reward, reference and
    old log-probs, update), peak allocated and reserved memory (CUDA allocator; on the CPU the process's peak RSS).
    PPO: the same step as method="ppo", classic PPO with its critic (one completion of each of the 256 questions),
-   its seconds and memory beside GRPO's (--skip ppo leaves it out).
+   its seconds and memory beside GRPO's (--skip ppo leaves it out). Lean: the same GRPO step with
+   grad_checkpointing=True, the leanest setting, beside the fastest (--skip lean leaves it out).
 3. TRL: GRPOTrainer on the same model shape and workload, when trl is importable (see ../shared/peer/ for carrying
    its wheels to a GPU machine), and the ratios. Speed does not depend on weight values, so random weights are a
    fair stand-in for the real checkpoints.
@@ -80,7 +81,7 @@ WORKLOADS = {  # sampler: rows x (prompt + new); step: prompts x G x new, prompt
                  step_prompt_len=12, steps=3),
 }
 # bench.py's parts, in the order they run (hf: in the sampler's); ppo: the same step as PPO with its critic
-PARTS = ("sampler", "hf", "step", "ppo", "trl", "profile")
+PARTS = ("sampler", "hf", "step", "ppo", "lean", "trl", "profile")
 GPU_CHECK_BUDGET_S = 540  # a device call is stopped at 600 s: the parts share less, leaving time to copy the results
 LARGEST_ARCHIVED = 8 * 2**20  # bytes: a file larger than this stays out of gpu_check.tar.gz (and says so)
 
@@ -465,6 +466,13 @@ def main(argv=None):
             torch.cuda.empty_cache()
         result["ppo"] = bench_step(ours, work, device, dtype, args.beta, **sizes, method="ppo")
         done("ppo")
+    if "lean" not in skip:
+        if ours is None:
+            ours = our_model(shape, device, dtype)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        result["lean"] = bench_step(ours, work, device, dtype, args.beta, **{**sizes, "grad_checkpointing": True})
+        done("lean")
     if "trl" not in skip:
         ours = None  # TRL's peak memory must not count our weights
         if device.type == "cuda":
@@ -581,9 +589,9 @@ def gpu_check_plan(work: str, tiny: bool, tokenizer: str) -> dict:
     plan["math_shapes"] = ([python, "tools/bench.py", "--math_shapes", os.path.join(work, "math_shapes"),
                             f"--tokenizer={tokenizer}"] + (["--tiny"] if tiny else []), 420)
     if not tiny:  # transformers' generate adds no claim at 1.5B, nor a second TRL run
-        plan["bench_1.5b"] = (bench("bench_1.5b", "--shape", "1.5b", "--skip", "hf,ppo,trl,profile"), 240)
+        plan["bench_1.5b"] = (bench("bench_1.5b", "--shape", "1.5b", "--skip", "hf,ppo,lean,trl,profile"), 240)
     name = "profile_" + ("tiny" if tiny else "0.5b")
-    plan[name] = (bench(name, *(["--tiny"] if tiny else ["--shape", "0.5b"]), "--skip", "sampler,step,ppo,trl"), 150)
+    plan[name] = (bench(name, *(["--tiny"] if tiny else ["--shape", "0.5b"]), "--skip", "sampler,step,ppo,lean,trl"), 150)
     demo_sizes = ["--device=cpu", "--sft_steps=2", "--max_steps=2", "--eval_every=1", "--eval_size=4",
                   "--prompts_per_step=2", "--max_new_tokens=16"] if tiny else ["--device=cuda", "--max_steps=40",
                                                                                 "--eval_every=20"]
@@ -739,6 +747,15 @@ def report(result: dict) -> str:
         elif "trl" in result:
             lines.append("TRL: skipped, trl is not importable here (../shared/peer/README.md says how to carry it)")
         lines.append(f"reserved GiB by step (CUDA): {reserved}")
+    if "lean" in result:
+        s, trl = result["lean"], result.get("trl")
+        lines += ["\nthe same GRPO step, lean: grad_checkpointing=True",
+                  "| | step s | update | peak GiB |", "|---|---|---|---|",
+                  f"| train.grpo_step, lean | {s['time_step']:.3f} | {s['time_update']:.3f} | "
+                  f"{s['peak_memory_gib']:.2f} |"]
+        if trl and result["device"] != "cpu":
+            lines.append(f"ratios: TRL step time / ours {trl['time_step'] / s['time_step']:.2f}x, our peak memory / "
+                         f"TRL's {s['peak_memory_gib'] / trl['peak_memory_gib']:.2f}x (the target: at most 0.5)")
     if "ppo" in result:
         s = result["ppo"]
         reserved = ", ".join(f"{r:.2f}" for r in s.get("reserved_memory_gib", [])) or "n/a"
