@@ -459,20 +459,16 @@ def main(argv=None):
         result["step"] = bench_step(ours, work, device, dtype, args.beta, **sizes)
         result["warnings"] += fast_path_warnings("GRPO step", result["step"]["fast_paths"])
         done("step")
-    if "ppo" not in skip:
+    # the same step again, changed: PPO with its critic; the lean setting (activation checkpointing)
+    for part, change in (("ppo", {"method": "ppo"}), ("lean", {"grad_checkpointing": True})):
+        if part in skip:
+            continue
         if ours is None:
             ours = our_model(shape, device, dtype)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        result["ppo"] = bench_step(ours, work, device, dtype, args.beta, **sizes, method="ppo")
-        done("ppo")
-    if "lean" not in skip:
-        if ours is None:
-            ours = our_model(shape, device, dtype)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        result["lean"] = bench_step(ours, work, device, dtype, args.beta, **{**sizes, "grad_checkpointing": True})
-        done("lean")
+        result[part] = bench_step(ours, work, device, dtype, args.beta, **{**sizes, **change})
+        done(part)
     if "trl" not in skip:
         ours = None  # TRL's peak memory must not count our weights
         if device.type == "cuda":
