@@ -1,4 +1,5 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (6.5-10 min on 2 cores, 9 on 1).
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (6.5-10 min on 2 cores,
+# 9 on 1: docs/experiments.md).
 #   python train.py configs/demo_aha.py    # the warm start, then 70 GRPO steps; out/demo_aha
 #
 # configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
