@@ -10,9 +10,11 @@ Calling the model on ids [B, T] returns logits [B, T, vocab]. Incremental decodi
 and `cache_index` (the cache slot of ids[:, 0]); the new keys/values are written at
 slots cache_index .. cache_index+T-1 and each query attends to cache slots <= its own slot.
 Ragged batches are left-padded: `attention_mask` [B, S] marks real key slots (S = T without a
-cache, S = cache length with one) and positions default to the count of real tokens before each one;
-the forward turns it once into the additive mask SDPA computes with, which a caller may also pass
-ready ([B, 1, T, S], as the sampler's decode steps do).
+cache, S = cache length with one; each row's real tokens contiguous) and positions default to the
+count of real tokens before each one; the forward turns it once into the additive mask SDPA computes
+with, which a caller may also pass ready ([B, 1, T, S], as the sampler's decode steps do). Without a
+cache on CUDA in half precision it rolls each row past its padding instead and attends causally,
+without a mask (rolls_rows).
 
 LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives
 back the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint,
@@ -57,6 +59,7 @@ HF_NAMES = {"embed_tokens": "embed", "self_attn": "attn", "input_layernorm": "at
             # Hugging Face parameter-name parts -> this file's
             "post_attention_layernorm": "mlp_norm"}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HALF = (torch.bfloat16, torch.float16)  # the dtypes flash attention takes
 
 
 @dataclass
@@ -281,13 +284,22 @@ class Attention(nn.Module):
 
 def attention_kv(k, v, group: int, masked: bool, device_type: str):
     """The keys and values SDPA gets for a multi-token call, and whether SDPA broadcasts grouped
-    (GQA) kv heads itself. On CUDA under a mask no fused kernel takes grouped heads (flash: no mask;
-    memory-efficient: no broadcast; cuDNN: off), so SDPA's math backend would hold fp32 scores [B,
-    heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is repeated instead. On
-    the CPU broadcasting is kept: the backward's K/V sums would round otherwise."""
-    if group > 1 and masked and device_type == "cuda":
+    (GQA) kv heads itself. On CUDA only flash attention takes grouped heads, and it takes neither a
+    mask nor fp32 (memory-efficient: no broadcast; cuDNN: off); elsewhere SDPA's math backend would
+    hold fp32 scores [B, heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is
+    repeated instead. On the CPU broadcasting is kept: the backward's K/V sums would round
+    otherwise."""
+    if group > 1 and device_type == "cuda" and (masked or k.dtype not in HALF):
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
     return k, v, group > 1
+
+
+def rolls_rows(x: torch.Tensor) -> bool:
+    """Whether a padded forward without a cache (the update's, the reference's) rolls each row past
+    its padding and attends causally without a mask: on CUDA in half precision, where flash
+    attention then runs (no dense [B, 1, T, T] mask, grouped heads not repeated). On the CPU the
+    masked forward stays: it is the reference, bit for bit."""
+    return x.is_cuda and x.dtype in HALF
 
 
 class MLP(nn.Module):
@@ -565,23 +577,33 @@ class Transformer(nn.Module):
             positions = slots.expand(B, T)
             if cache is None and real is not None:
                 positions = (real.long().cumsum(-1) - 1).clamp(min=0)
-        freqs = positions[..., None] * self.inv_freq  # [B, T, D/2] fp32, as checkpoints do
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         x = self.embed(ids)
         # the residual stream, norms and RoPE in the autocast dtype, as the bf16 sampler and
         # reference compute them: one numerics
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        mask = attention_mask  # None (causal), or made ready by the caller
-        if real is not None:
+        mask = attention_mask  # None (causal), made ready by the caller, or the real slots
+        rows = None  # [B, T]: the column each row's token t came from, where rows are rolled
+        if real is not None and cache is None and rolls_rows(x):
+            # each row rolled left past its padding: its real tokens (contiguous) start at 0 and
+            # causal attention alone never reaches a pad, so no mask (flash attention runs)
+            rows = (slots + real.long().argmax(-1, keepdim=True)) % T
+            x = x.gather(1, rows[..., None].expand_as(x))
+            positions = positions.gather(1, rows)
+            mask = None
+        elif real is not None:
             mask = additive_mask(real, slots, x.dtype)
+        freqs = positions[..., None] * self.inv_freq  # [B, T, D/2] fp32, as checkpoints do
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         for block in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = block(x, cos, sin, mask, cache, slots)
         x = self.norm(x)
+        if rows is not None:  # rolled back: token t to column rows[b, t]
+            x = torch.zeros_like(x).scatter(1, rows[..., None].expand_as(x), x)
         return x if return_hidden else self.lm_head(x)
 
     @classmethod
@@ -680,8 +702,9 @@ def set_attention_backends(device: torch.device):
     their scores agree: on CUDA, cuDNN attention off (flash and memory-efficient attention remain;
     attention_kv reaches the latter under a mask). With torch >= 2.11 cuDNN is the default for
     masked bf16 attention, and its backward has returned NaN in grad_q for GQA when a mask is
-    passed, T % 128 == 64 and some attention row is extremely negative (pytorch issue 196678); every
-    training forward here passes a mask and T varies per micro-batch."""
+    passed, T % 128 == 64 and some attention row is extremely negative (pytorch issue 196678); the
+    sampler's prefill passes a mask, and so does an update's forward that rolls_rows leaves masked,
+    with T varying per micro-batch."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
 

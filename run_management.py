@@ -212,11 +212,11 @@ def activation_bytes(config: ModelConfig, cfg, seq_len: int, checkpointing: bool
     of seq_len tokens, in bf16 (2 B an element; unmeasured on a GPU, where log.jsonl's memory_gb
     is the measure): per token and layer, what model.Block's forward saves: the two norms' inputs
     and outputs (4 dim), RoPE's two products (2 q + 2 kv), attention's query, keys, values and
-    output (4 q: on CUDA grouped heads are repeated, model.attention_kv), o_proj's input (q) and
-    the MLP's four (4 ffn_dim). With checkpointing each layer keeps its input (dim), and one layer
-    at a time the rest, in its recompute."""
+    output (2 q + 2 kv: flash attention takes grouped heads, model.rolls_rows), o_proj's input (q)
+    and the MLP's four (4 ffn_dim). With checkpointing each layer keeps its input (dim), and one
+    layer at a time the rest, in its recompute."""
     q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    per_layer = 4 * config.dim + 7 * q + 2 * kv + 4 * config.ffn_dim  # elements a token
+    per_layer = 4 * config.dim + 5 * q + 4 * kv + 4 * config.ffn_dim  # elements a token
     tokens = cfg.micro_batch_size * seq_len
     if checkpointing:
         return 2 * tokens * (config.n_layers * config.dim + per_layer)

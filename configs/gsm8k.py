@@ -9,12 +9,12 @@
 #
 # Memory on 80 GB: fp32 master weights + grads + AdamW state are 16 bytes/param (about 25 GB), plus
 # bf16 copies for sampling and the reference (3 GB each), the KV cache of 256 rows (about 6 GB) and
-# activation checkpointing. Measured for three steps at these shapes (random weights) on one H200
-# (docs/experiments.md, 2026-11-26): peak 39.4 GB allocated, 44.7 GB reserved, 13.3 s a step (300
-# steps: about 67 minutes, evaluations aside). On 24 GB: model = "Qwen/Qwen2.5-0.5B",
-# micro_batch_size = 8 (not measured). A checkpoint (ckpt.pt: fp32 weights 4, AdamW state 8, bf16
-# reference 2 bytes/param) is about 22 GB here; train.py checks the free disk space before writing
-# one (the old one stays until the new one is complete).
+# the update's activations. Measured for three steps at these shapes with activation checkpointing
+# (random weights) on one H200 (docs/experiments.md, 2026-11-26): peak 39.4 GB allocated, 44.7 GB
+# reserved, 13.3 s a step (300 steps: about 67 minutes, evaluations aside). On 24 GB:
+# model = "Qwen/Qwen2.5-0.5B", micro_batch_size = 8 (not measured). A checkpoint (ckpt.pt: fp32
+# weights 4, AdamW state 8, bf16 reference 2 bytes/param) is about 22 GB here; train.py checks the
+# free disk space before writing one (the old one stays until the new one is complete).
 model = "Qwen/Qwen2.5-1.5B"
 template = "r1_zero"
 dataset = "gsm8k"
@@ -50,8 +50,9 @@ grad_clip = 1.0
 micro_batch_size = 16
 # grad_checkpointing left unset: chosen at set-up and said in the output
 # (run_management.grad_checkpointing_of): the activations of 16 rows of up to 809 tokens through 28
-# layers, at most 38.6 GB by its estimate, beside the 35.6 GB held: on for an 80 GB card, off for
-# an H200 (141 GB), where the recompute's second forward is saved
+# layers, at most 36.7 GB by its estimate, beside the 35.6 GB held, fit in 90% of the 85 GB free on
+# an 80 GB H100 and of an H200's: off on both (the recompute's second forward saved; the three
+# steps measured above had it on); on where under 80.4 GB is free
 
 eval_every = 25
 eval_batch_size = 128

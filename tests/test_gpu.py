@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import ModelConfig, Transformer, set_attention_backends
+from model import KVCache, ModelConfig, Transformer, set_attention_backends
 
 pytestmark = pytest.mark.gpu
 
@@ -106,7 +106,7 @@ def test_a_capture_that_fails_once_begun_falls_back_to_the_eager_tokens(monkeypa
 def test_masked_gqa_attention_on_cuda_stays_off_the_math_backend():
     """Issue 42: a padded prefill of configs/math.py's shape per layer, 16 rows x 1,740 tokens, 12 query heads over 2
     KV heads: with K/V repeated its peak stays far below the math backend's fp32 scores (16 x 12 x 1740^2 x 4 B =
-    2.3 GB, twice)."""
+    2.3 GB, twice); so does the same batch without a cache (issue 56: rows rolled, flash attention)."""
     set_attention_backends(torch.device("cuda"))
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=512, dim=1536, n_layers=1, n_heads=12, n_kv_heads=2, head_dim=128,
@@ -114,11 +114,41 @@ def test_masked_gqa_attention_on_cuda_stays_off_the_math_backend():
     ids = torch.randint(0, 512, (16, 1740), device="cuda")
     real = torch.ones(16, 1740, dtype=torch.bool, device="cuda")
     real[::2, :300] = False  # left padding: a mask, as every rollout's prefill has
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
+    cache = KVCache(model.config, 16, 1740, device="cuda", dtype=torch.bfloat16)
+    for kv_cache in (cache, None):
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        with torch.no_grad():
+            model(ids, attention_mask=real, cache=kv_cache, return_hidden=True)
+        assert torch.cuda.max_memory_allocated() - before < 1.5e9
+
+
+def test_a_padded_update_forward_on_cuda_runs_flash_attention_without_a_mask(monkeypatch):
+    """Issue 56: the update's forward in bf16 rolls each row past its padding (model.rolls_rows) and attends causally
+    without a mask, grouped heads broadcast: flash attention alone runs it, forward and backward, and its log-probs
+    are no further from an fp32 forward's than the masked bf16 forward's (memory-efficient, K/V repeated) are, within
+    a factor of two: the same computation, rounded otherwise."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import model as model_module
+    from grpo import completion_logprobs, make_micro_batches
+    set_attention_backends(torch.device("cuda"))
+    torch.manual_seed(0)
+    policy = Transformer(ModelConfig(vocab_size=512, dim=896, n_layers=2, n_heads=14, n_kv_heads=2, head_dim=64,
+                                     ffn_dim=1024, max_seq_len=1024)).cuda()
+    prompts = [torch.randint(3, 512, (n,)).tolist() for n in (50, 90, 70, 20)]
+    completions = [torch.randint(3, 512, (n,)).tolist() for n in (60, 30, 80, 10)]
+    batch = make_micro_batches(prompts, completions, 8, 0, "cuda")[0]
+    with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        rolled, _ = completion_logprobs(policy, batch, 1.0, 64)
+        rolled.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in policy.parameters() if p.grad is not None)
     with torch.no_grad():
-        model(ids, attention_mask=real, return_hidden=True)
-    assert torch.cuda.max_memory_allocated() - before < 1.5e9
+        fp32, _ = completion_logprobs(policy, batch, 1.0, 64)  # fp32: the masked forward
+        monkeypatch.setattr(model_module, "rolls_rows", lambda x: False)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            masked, _ = completion_logprobs(policy, batch, 1.0, 64)
+    assert (rolled.detach() - fp32).abs().max() <= 2 * (masked - fp32).abs().max() + 1e-3
 
 
 def test_the_bench_profile_counts_the_kernels_of_one_decode_step():

@@ -240,18 +240,60 @@ def test_smollm2_greedy_continuation_matches_transformers():
     assert "Berlin" in tokenizer.decode(expected)
 
 
-def test_attention_kv_repeats_grouped_heads_under_a_mask_on_cuda_only():
-    """Issue 42: on CUDA no fused SDPA kernel takes grouped K/V under a mask, so the math backend would materialise fp32
-    scores; the CUDA branch repeats K/V (head h reads kv head h // group, as enable_gqa does), the CPU keeps the
-    broadcast (its backward's K/V sums round otherwise), and without a mask or a group nothing changes."""
+def test_attention_kv_repeats_grouped_heads_on_cuda_unless_flash_attention_takes_them():
+    """Issue 42: on CUDA only flash attention takes grouped K/V, and neither a mask nor fp32, so elsewhere the math
+    backend would materialise fp32 scores; the CUDA branch repeats K/V there (head h reads kv head h // group, as
+    enable_gqa does), the CPU keeps the broadcast (its backward's K/V sums round otherwise), and unmasked half
+    precision on CUDA (issue 56: the rolled training forward) or a single group changes nothing."""
     from model import attention_kv
     k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
-    repeated_k, repeated_v, gqa = attention_kv(k, v, group=4, masked=True, device_type="cuda")
-    assert not gqa and repeated_k.shape == (2, 12, 5, 4) and torch.equal(repeated_k[:, 7], k[:, 1])
-    assert torch.equal(repeated_v[:, 11], v[:, 2])
-    for device_type, masked, group in (("cpu", True, 4), ("cuda", False, 4), ("cuda", True, 1)):
-        same_k, same_v, gqa = attention_kv(k, v, group, masked, device_type)
-        assert same_k is k and same_v is v and gqa == (group > 1)
+    for masked, dtype in ((True, torch.bfloat16), (False, torch.float32)):
+        repeated_k, repeated_v, gqa = attention_kv(k.to(dtype), v.to(dtype), 4, masked, "cuda")
+        assert not gqa and repeated_k.shape == (2, 12, 5, 4) and torch.equal(repeated_k[:, 7], k[:, 1].to(dtype))
+        assert torch.equal(repeated_v[:, 11], v[:, 2].to(dtype))
+    for device_type, masked, group, dtype in (("cpu", True, 4, torch.float32), ("cuda", False, 4, torch.bfloat16),
+                                              ("cuda", False, 4, torch.float16), ("cuda", True, 1, torch.float32)):
+        k_in, v_in = k.to(dtype), v.to(dtype)
+        same_k, same_v, gqa = attention_kv(k_in, v_in, group, masked, device_type)
+        assert same_k is k_in and same_v is v_in and gqa == (group > 1)
+
+
+def test_a_padded_forward_rolled_past_its_padding_equals_the_masked_one(monkeypatch):
+    """Issue 56: without a cache on CUDA in half precision (model.rolls_rows) each row of an update's micro-batch
+    (prompts padded on the left, completions on the right) is rolled left past its padding and attends causally with
+    no mask, grouped heads broadcast: flash attention's case. Forced here on the CPU in fp32: every SDPA call is
+    unmasked and causal, the log-probs, entropies and gradients equal the masked forward's (up to the sums' order),
+    and a roll off by one slot would not. On the CPU the masked forward stays (rolls_rows False)."""
+    import model as model_module
+    from grpo import completion_logprobs, make_micro_batches
+    torch.manual_seed(0)
+    policy = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                                     ffn_dim=64, max_seq_len=64))
+    prompts = [torch.randint(3, 97, (n,)).tolist() for n in (5, 9, 7, 2)]
+    completions = [torch.randint(3, 97, (n,)).tolist() for n in (6, 3, 8, 1)]
+    batch = make_micro_batches(prompts, completions, 8, 0, "cpu")[0]
+    assert not model_module.rolls_rows(batch.ids.float()) and not model_module.rolls_rows(batch.ids.bfloat16())
+
+    def run():
+        policy.zero_grad()
+        logp, entropy = completion_logprobs(policy, batch, 0.7, 5, "tokens")
+        (logp.sum() + entropy.sum()).backward()
+        return [logp.detach(), entropy.detach()] + [p.grad.clone() for p in policy.parameters()]
+    masked = run()
+    real_sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        calls.append((attn_mask is None, is_causal, enable_gqa, k.shape[1]))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa)
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(model_module, "rolls_rows", lambda x: True)
+    rolled = run()
+    assert calls and set(calls) == {(True, True, True, 2)}, set(calls)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(masked, rolled))
+    assert masked[0].abs().sum() > 0 and masked[2].abs().sum() > 0
+    real_argmax = torch.Tensor.argmax
+    monkeypatch.setattr(torch.Tensor, "argmax", lambda t, *a, **k: real_argmax(t, *a, **k) + 1)  # one slot off
+    assert not torch.allclose(run()[0], masked[0], atol=1e-3)
 
 
 def test_the_cuda_branch_of_a_padded_gqa_forward_never_broadcasts_grouped_kv_under_a_mask(monkeypatch):
