@@ -42,7 +42,7 @@ from distributed import barrier, from_every_rank, rank, world_size
 from grpo import optimizer_updates
 from model import KVCache, ModelConfig, Transformer
 from rewards import parse_reward_name
-from sample import prefill_nbytes
+from sample import cache_slots, prefill_nbytes
 
 # -----------------------------------------------------------------------------
 # refusals: a bad input before any work
@@ -200,7 +200,7 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
             "reference copy": (2 * params if low and cfg.beta > 0 and cfg.lora_rank == 0
                                and cfg.method in ("grpo", "ppo") else 0),
             "critic weights": 4 * critic, "critic AdamW state": 8 * critic,
-            "KV cache": KVCache.nbytes(config, rows, prompt_len + cfg.max_new_tokens,
+            "KV cache": KVCache.nbytes(config, rows, cache_slots(prompt_len, cfg.max_new_tokens),
                                        sampler_dtype),
             "prefill": prefill_nbytes(config, rows, prompt_len, sampler_dtype),
             "gradients": 4 * trained, "logits chunk": 2 * 4 * cfg.logprob_chunk * config.vocab_size,

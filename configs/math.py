@@ -20,13 +20,14 @@
 # held through the run, fp32 master weights 6.2 GB and AdamW state 12.3 GB for 1.54B parameters, a
 # bf16 copy for sampling 3.1 GB, no reference (beta = 0). Sampling adds the KV cache, 28 layers x 2
 # KV heads x 128 dims x 2 (K, V) x 2 bytes = 28,672 bytes a token, times 256 rows x (the step's
-# longest prompt + 2,048): 17 GB for prompts of ~300 tokens, 27.8 GB at the longest R1-Zero prompt
-# of the levels 3-5 problems (1,740 tokens, measured on a full copy of MATH); and the prefill of
-# those prompts, 75 rows a forward (sample.PREFILL_TOKENS), its attention on the memory-efficient
-# kernel (model.attention_kv): 8.2 GB. The update adds the gradients (6.2 GB) and the activations of
-# micro-batches of 8 rows of up to ~3,800 tokens with activation checkpointing. Sampling and the
-# update do not overlap: 57.6 GB at least at the longest prompt, activations aside. A checkpoint
-# (ckpt.pt: fp32 weights 4 and AdamW state 8 bytes/param) is about 18.5 GB.
+# longest prompt + 2,048, rounded up to a multiple of 8: sample.cache_slots): 17 GB for prompts of
+# ~300 tokens, 27.8 GB at the longest R1-Zero prompt of the levels 3-5 problems (1,740 tokens,
+# measured on a full copy of MATH); and the prefill of those prompts, 75 rows a forward
+# (sample.PREFILL_TOKENS), its attention on the memory-efficient kernel (model.attention_kv):
+# 8.2 GB. The update adds the gradients (6.2 GB) and the activations of micro-batches of 8 rows of
+# up to ~3,800 tokens with activation checkpointing. Sampling and the update do not overlap: 57.7 GB
+# at least at the longest prompt, activations aside. A checkpoint (ckpt.pt: fp32 weights 4 and
+# AdamW state 8 bytes/param) is about 18.5 GB.
 model = "Qwen/Qwen2.5-Math-1.5B"
 template = "r1_zero"
 dataset = "math"
