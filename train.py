@@ -216,12 +216,12 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         warming = cfg.warm_starts and (state is None or state.get("phase") == "warm_start")
         warm_prompts = [] if not warming else prompts if warm is problems else encode(warm)
         every_prompt = prompts + ([] if warm_prompts is prompts else warm_prompts) + encode(heldout)
-        check_machine(cfg, device, model_config(cfg, len(tokenizer)), max(map(len, every_prompt)))
+        prompt_len = max(map(len, every_prompt))  # the longest: what memory is sized for
+        check_machine(cfg, device, model_config(cfg, len(tokenizer)), prompt_len)
         rewards = load_rewards(cfg.reward_weights, device, dtype, cfg.micro_batch_size)
         policy = load_policy(cfg, state, tokenizer)
         policy.config.check_context(every_prompt, cfg.max_new_tokens)
-        checkpointing, chosen = grad_checkpointing_of(cfg, device, policy.config,
-                                                      max(map(len, every_prompt)))
+        checkpointing, chosen = grad_checkpointing_of(cfg, device, policy.config, prompt_len)
         if state is None and cfg.init_from:
             load_init_weights(policy, cfg.init_from, warm, cfg.dataset == "synthetic_split")
         start_out_dir(cfg, state, heldout)  # all checked: clear an old run, or cut its logs
