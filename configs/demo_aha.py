@@ -1,4 +1,4 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (6.5-10 min on 2 cores,
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (6.5-10.5 min on 2 cores,
 # 9 on 1: docs/experiments.md).
 #   python train.py configs/demo_aha.py    # the warm start, then 70 GRPO steps; out/demo_aha
 #
