@@ -284,21 +284,18 @@ class Attention(nn.Module):
 
 def attention_kv(k, v, group: int, masked: bool, device_type: str):
     """The keys and values SDPA gets for a multi-token call, and whether SDPA broadcasts grouped
-    (GQA) kv heads itself. On CUDA only flash attention takes grouped heads, and it takes neither a
-    mask nor fp32 (memory-efficient: no broadcast; cuDNN: off); elsewhere SDPA's math backend would
-    hold fp32 scores [B, heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is
-    repeated instead. On the CPU broadcasting is kept: the backward's K/V sums would round
-    otherwise."""
+    (GQA) kv heads itself. On CUDA only flash attention takes grouped heads, with no mask and not in
+    fp32 (memory-efficient: no broadcast; cuDNN: off); elsewhere SDPA's math backend would hold fp32
+    scores [B, heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is repeated
+    instead. On the CPU broadcasting is kept: the backward's K/V sums would round otherwise."""
     if group > 1 and device_type == "cuda" and (masked or k.dtype not in HALF):
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
     return k, v, group > 1
 
 
 def rolls_rows(x: torch.Tensor) -> bool:
-    """Whether a padded forward without a cache (the update's, the reference's) rolls each row past
-    its padding and attends causally without a mask: on CUDA in half precision, where flash
-    attention then runs (no dense [B, 1, T, T] mask, grouped heads not repeated). On the CPU the
-    masked forward stays: it is the reference, bit for bit."""
+    """Whether a padded forward without a cache rolls its rows past their padding, unmasked (flash
+    attention, grouped heads): on CUDA in half precision; the CPU keeps the masked reference."""
     return x.is_cuda and x.dtype in HALF
 
 
@@ -582,11 +579,10 @@ class Transformer(nn.Module):
         # reference compute them: one numerics
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        mask = attention_mask  # None (causal), made ready by the caller, or the real slots
-        rows = None  # [B, T]: the column each row's token t came from, where rows are rolled
+        mask = attention_mask  # None (causal), ready, or the real slots
+        rows = None  # [B, T]: where a rolled row's token t came from
         if real is not None and cache is None and rolls_rows(x):
-            # each row rolled left past its padding: its real tokens (contiguous) start at 0 and
-            # causal attention alone never reaches a pad, so no mask (flash attention runs)
+            # real tokens (contiguous) from slot 0: causal attention reaches no pad, needs no mask
             rows = (slots + real.long().argmax(-1, keepdim=True)) % T
             x = x.gather(1, rows[..., None].expand_as(x))
             positions = positions.gather(1, rows)
@@ -602,7 +598,7 @@ class Transformer(nn.Module):
             else:
                 x = block(x, cos, sin, mask, cache, slots)
         x = self.norm(x)
-        if rows is not None:  # rolled back: token t to column rows[b, t]
+        if rows is not None:  # rolled back
             x = torch.zeros_like(x).scatter(1, rows[..., None].expand_as(x), x)
         return x if return_hidden else self.lm_head(x)
 
