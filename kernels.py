@@ -30,6 +30,10 @@ except ImportError:
 # keys per attention block, and the fewest (row, kv head) programs before the key range is split
 BLOCK_KEYS = 64
 SPLIT_BELOW_PROGRAMS = 256
+# the most pieces a key range is cut in: the combine holds splits x group x head lanes in
+# registers, and at 32 or 64 splits of a group of 8 (Qwen2.5, 64 or 128 lanes) ptxas spilled them
+# (255 registers and 56 to 5,216 bytes of stack a thread, tests/test_kernels.py's compile check)
+MOST_SPLITS = 16
 
 
 def decode_step(model, ids, positions, slot, starts, cache, attend: int) -> torch.Tensor:
@@ -74,6 +78,13 @@ def possible(model, device) -> bool:
     return (triton is not None and device.type == "cuda"
             and hasattr(model.layers[0].attn, "qkv_weight")
             and not any(hasattr(m, "lora_A") for m in model.modules()))
+
+
+def padded(head_dim: int) -> int:
+    """The lanes a kernel gives a head: head_dim rounded up to a power of two (tl.arange's rule),
+    at least 16 (tl.dot's inner dimension on NVIDIA GPUs); the lanes past head_dim load zeros and
+    store nothing."""
+    return max(16, triton.next_power_of_2(head_dim))
 
 # -----------------------------------------------------------------------------
 # the residual add and the RMSNorm after it
@@ -149,39 +160,44 @@ def rope_and_cache(qkv, cos, sin, k_cache, v_cache, slot, config):
     heads, kv_heads, d = config.n_heads, config.n_kv_heads, config.head_dim
     q = torch.empty(rows, heads, d, dtype=qkv.dtype, device=qkv.device)
     _rope_cache_kernel[(rows, heads + 2 * kv_heads)](
-        qkv, cos, sin, q, k_cache, v_cache, slot, k_cache.shape[2], heads, kv_heads, D=d)
+        qkv, cos, sin, q, k_cache, v_cache, slot, k_cache.shape[2], heads, kv_heads, D=d,
+        PADDED=padded(d))
     return q
 
 
 if triton is not None:
-    @triton.jit
+    @triton.jit(do_not_specialize=["max_len", "heads", "kv_heads"])
     def _rope_cache_kernel(qkv, cos, sin, q, k_cache, v_cache, slot, max_len, heads, kv_heads,
-                           D: tl.constexpr):
+                           D: tl.constexpr, PADDED: tl.constexpr):
         """Program (row, head): a query head is rotated into q, a key head rotated into k_cache, a
-        value head copied into v_cache, at the row's cache slot."""
+        value head copied into v_cache, at the row's cache slot. Lanes D..PADDED (padded) idle."""
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         width = (heads + 2 * kv_heads) * D
-        cols = tl.arange(0, D)
-        x = tl.load(qkv + row * width + head * D + cols)
+        cols = tl.arange(0, PADDED)
+        inside = cols < D
+        x = tl.load(qkv + row * width + head * D + cols, mask=inside)
         slot_index = tl.load(slot).to(tl.int64)
         if head >= heads + kv_heads:  # a value head: copied as it is
             kv = head - heads - kv_heads
-            tl.store(v_cache + ((row * kv_heads + kv) * max_len + slot_index) * D + cols, x)
+            tl.store(v_cache + ((row * kv_heads + kv) * max_len + slot_index) * D + cols, x,
+                     mask=inside)
         else:
             half = D // 2
-            partner = tl.load(qkv + row * width + head * D + (cols + half) % D).to(tl.float32)
+            partner = tl.load(qkv + row * width + head * D + (cols + half) % D,
+                              mask=inside).to(tl.float32)
             rotated = tl.where(cols < half, -partner, partner)  # cat(-x2, x1)
-            c = tl.load(cos + row * D + cols).to(tl.float32)
-            s = tl.load(sin + row * D + cols).to(tl.float32)
+            c = tl.load(cos + row * D + cols, mask=inside).to(tl.float32)
+            s = tl.load(sin + row * D + cols, mask=inside).to(tl.float32)
             first = (x.to(tl.float32) * c).to(x.dtype).to(tl.float32)
             second = (rotated * s).to(x.dtype).to(tl.float32)
             y = (first + second).to(x.dtype)
             if head < heads:
-                tl.store(q + (row * heads + head) * D + cols, y)
+                tl.store(q + (row * heads + head) * D + cols, y, mask=inside)
             else:
                 kv = head - heads
-                tl.store(k_cache + ((row * kv_heads + kv) * max_len + slot_index) * D + cols, y)
+                tl.store(k_cache + ((row * kv_heads + kv) * max_len + slot_index) * D + cols, y,
+                         mask=inside)
 
 # -----------------------------------------------------------------------------
 # attention over each row's real keys
@@ -199,27 +215,29 @@ def decode_attention(q, k_cache, v_cache, starts, slot, attend: int):
     group = heads // kv_heads
     # a power of two (the combine reads them as one block); an empty split weighs 0
     splits = min(triton.next_power_of_2(triton.cdiv(SPLIT_BELOW_PROGRAMS, rows * kv_heads)),
-                 triton.next_power_of_2(triton.cdiv(attend, BLOCK_KEYS)))
+                 triton.next_power_of_2(triton.cdiv(attend, BLOCK_KEYS)), MOST_SPLITS)
     per_split = triton.cdiv(triton.cdiv(attend, splits), BLOCK_KEYS) * BLOCK_KEYS
     out = torch.empty(rows, heads * d, dtype=q.dtype, device=q.device)
     partial = torch.empty(rows, kv_heads, splits, group, d + 2, dtype=torch.float32,
                           device=q.device) if splits > 1 else out
     _decode_attention_kernel[(rows, kv_heads, splits)](
         q, k_cache, v_cache, starts, slot, partial, out, k_cache.shape[2], per_split, d ** -0.5,
-        heads, kv_heads, group, D=d, GROUP=max(16, triton.next_power_of_2(group)),
-        BLOCK=BLOCK_KEYS, SPLITS=splits)
+        heads, kv_heads, group, D=d, PADDED=padded(d),
+        GROUP=max(16, triton.next_power_of_2(group)), BLOCK=BLOCK_KEYS, SPLITS=splits)
     if splits > 1:
         _combine_splits_kernel[(rows, kv_heads)](partial, out, heads, kv_heads, group, D=d,
+                                                 PADDED=padded(d),
                                                  GROUP=triton.next_power_of_2(group),
                                                  SPLITS=splits)
     return out
 
 
 if triton is not None:
-    @triton.jit
+    @triton.jit(do_not_specialize=["max_len", "per_split", "heads", "kv_heads", "group"])
     def _decode_attention_kernel(q, k_cache, v_cache, starts, slot, partial, out, max_len,
                                  per_split, scale, heads, kv_heads, group, D: tl.constexpr,
-                                 GROUP: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+                                 PADDED: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
+                                 SPLITS: tl.constexpr):
         """Program (row, kv head, split): the online softmax of the kv head's query group over the
         split's per_split slots, of which the row's keys (starts[row] .. slot) count; masked loads
         fetch nothing. With one split the output itself, else (acc, max, sum) for
@@ -230,21 +248,24 @@ if triton is not None:
         first = tl.load(starts + row)
         last = tl.load(slot)  # inclusive: a query sees itself
         g = tl.arange(0, GROUP)
-        cols = tl.arange(0, D)
+        cols = tl.arange(0, PADDED)
         in_group = g < group
+        inside = in_group[:, None] & (cols < D)[None, :]
         query_rows = (row * heads + kv * group + g)[:, None] * D + cols[None, :]
-        # [GROUP, D]; the products in fp32 operands (tf32 on the GPU, exact for bf16 values)
-        queries = tl.load(q + query_rows, mask=in_group[:, None], other=0.0).to(tl.float32)
+        # [GROUP, PADDED], 0 past D; the products in fp32 operands (tf32 on the GPU, exact for
+        # bf16 values)
+        queries = tl.load(q + query_rows, mask=inside, other=0.0).to(tl.float32)
         base = (row * kv_heads + kv) * max_len * D
         best = tl.full((GROUP,), float("-inf"), tl.float32)
         total = tl.zeros((GROUP,), tl.float32)
-        acc = tl.zeros((GROUP, D), tl.float32)
+        acc = tl.zeros((GROUP, PADDED), tl.float32)
         for offset in range(0, per_split, BLOCK):
             keys = split * per_split + offset + tl.arange(0, BLOCK)
             valid = (keys >= first) & (keys <= last)
             offsets = base + keys[:, None].to(tl.int64) * D + cols[None, :]
-            k = tl.load(k_cache + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
-            v = tl.load(v_cache + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
+            fetch = valid[:, None] & (cols < D)[None, :]
+            k = tl.load(k_cache + offsets, mask=fetch, other=0.0).to(tl.float32)
+            v = tl.load(v_cache + offsets, mask=fetch, other=0.0).to(tl.float32)
             scores = tl.dot(queries, tl.trans(k)) * scale  # [GROUP, BLOCK] fp32
             scores = tl.where(valid[None, :], scores, float("-inf"))
             newest = tl.maximum(best, tl.max(scores, 1))
@@ -256,21 +277,21 @@ if triton is not None:
             best = newest
         if SPLITS == 1:
             tl.store(out + query_rows, (acc / total[:, None]).to(out.dtype.element_ty),
-                     mask=in_group[:, None])
+                     mask=inside)
         else:
             at = (((row * kv_heads + kv) * SPLITS + split) * group + g) * (D + 2)
-            tl.store(partial + at[:, None] + cols[None, :], acc, mask=in_group[:, None])
+            tl.store(partial + at[:, None] + cols[None, :], acc, mask=inside)
             tl.store(partial + at + D, best, mask=in_group)
             tl.store(partial + at + D + 1, total, mask=in_group)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["heads", "kv_heads", "group"])
     def _combine_splits_kernel(partial, out, heads, kv_heads, group, D: tl.constexpr,
-                               GROUP: tl.constexpr, SPLITS: tl.constexpr):
+                               PADDED: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr):
         """Program (row, kv head): the splits' (acc, max, sum) -> softmax(.) v for its group."""
         row = tl.program_id(0).to(tl.int64)
         kv = tl.program_id(1)
         g = tl.arange(0, GROUP)
-        cols = tl.arange(0, D)
+        cols = tl.arange(0, PADDED)
         in_group = g < group
         splits = tl.arange(0, SPLITS)
         at = (((row * kv_heads + kv) * SPLITS + splits[:, None]) * group + g[None, :]) * (D + 2)
@@ -281,8 +302,10 @@ if triton is not None:
         # an empty split holds -inf and 0: weight 0
         factor = tl.where(best == float("-inf"), 0.0, tl.exp(best - most[None, :]))
         norm = tl.sum(total * factor, 0)
-        acc = tl.load(partial + at[:, :, None] + cols[None, None, :], mask=fill[:, :, None],
-                      other=0.0)  # [SPLITS, GROUP, D]
+        acc = tl.load(partial + at[:, :, None] + cols[None, None, :],
+                      mask=fill[:, :, None] & (cols < D)[None, None, :],
+                      other=0.0)  # [SPLITS, GROUP, PADDED]
         y = tl.sum(acc * factor[:, :, None], 0) / norm[:, None]
         rows_out = (row * heads + kv * group + g)[:, None] * D + cols[None, :]
-        tl.store(out + rows_out, y.to(out.dtype.element_ty), mask=in_group[:, None])
+        tl.store(out + rows_out, y.to(out.dtype.element_ty),
+                 mask=in_group[:, None] & (cols < D)[None, :])

@@ -95,11 +95,16 @@ def check_silu_mul():
 
 def check_rope_and_cache():
     """Bit for bit with apply_rope and KVCache.update: the rotated queries, the rotated keys and the values at the
-    slot; the cache's other slots untouched."""
+    slot; the cache's other slots untouched. A head of 16, and heads of 8 and 48 padded to 16 and 64 lanes."""
+    for d in (16, 8, 48):
+        check_rope_and_cache_at(d)
+
+
+def check_rope_and_cache_at(d):
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=8, dim=32, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, ffn_dim=8,
+    config = ModelConfig(vocab_size=8, dim=32, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=d, ffn_dim=8,
                          max_seq_len=64)
-    b, heads, kv, d = 5, 6, 2, 16
+    b, heads, kv = 5, 6, 2
     qkv = 2 * torch.randn(b, (heads + 2 * kv) * d).bfloat16()
     positions = torch.tensor([3, 7, 11, 2, 40])
     freqs = positions[:, None].float() * Transformer(config).inv_freq
@@ -107,7 +112,8 @@ def check_rope_and_cache():
     cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
     cache = KVCache(config, b, 48, dtype=torch.bfloat16)
     cache.k.normal_()
-    before = cache.k.clone()
+    cache.v.normal_()
+    before, before_v = cache.k.clone(), cache.v.clone()
     q = kernels.rope_and_cache(qkv, cos, sin, cache.k[1], cache.v[1], torch.tensor(9), config)
     q_ref, k_ref, v_ref = qkv.view(b, 1, heads + 2 * kv, d).split((heads, kv, kv), dim=2)
     rotated = apply_rope(torch.cat((q_ref, k_ref), dim=2).transpose(1, 2), cos[:, None, None], sin[:, None, None])
@@ -116,19 +122,20 @@ def check_rope_and_cache():
     untouched = torch.ones(48, dtype=torch.bool)
     untouched[9] = False
     assert torch.equal(cache.k[:, :, :, untouched], before[:, :, :, untouched]) and torch.equal(cache.k[0], before[0])
+    assert torch.equal(cache.v[:, :, :, untouched], before_v[:, :, :, untouched]) and torch.equal(cache.v[0], before_v[0])
 
 
 def check_decode_attention():
     """Against scaled_dot_product_attention in fp32 under the additive mask of the rows' real slots (start .. slot):
     within bf16's rounding of the output, with the key range in one piece and cut in splits (combined), for grouped
-    heads (3 queries a kv head) and plain ones."""
+    heads (3 queries a kv head) and plain ones; a head of 8, padded to 16 lanes."""
     torch.manual_seed(0)
-    b, slots, d = 5, 256, 16
+    b, slots = 5, 256
     starts, slot = torch.tensor([0, 3, 80, 1, 140]), torch.tensor(150)
     mask = torch.full((b, 1, 1, slots), float("-inf"))
     for row in range(b):
         mask[row, 0, 0, starts[row]:slot + 1] = 0
-    for heads, kv in ((6, 2), (4, 4)):
+    for heads, kv, d in ((6, 2, 16), (4, 4, 16), (6, 2, 8)):
         q = torch.randn(b, heads, d).bfloat16()
         k, v = (torch.randn(b, kv, slots, d).bfloat16() for _ in range(2))
         exact = F.scaled_dot_product_attention(q.view(b, kv, heads // kv, d).float(), k.float(), v.float(),
@@ -136,7 +143,7 @@ def check_decode_attention():
         for programs, attend in ((1, 152), (10_000, 152), (10_000, 256)):
             kernels.SPLIT_BELOW_PROGRAMS = programs  # 1: one piece; 10,000: 2 or 4 splits of the 152 or 256 slots
             out = kernels.decode_attention(q, k, v, starts, slot, attend)
-            assert (out.float() - exact).abs().max() <= 2 ** -8 * exact.abs().max(), (heads, programs, attend)
+            assert (out.float() - exact).abs().max() <= 2 ** -8 * exact.abs().max(), (heads, d, programs, attend)
 
 
 def check_gumbel_sampling():
@@ -181,9 +188,10 @@ def fused_tiny_model(**overrides):
 
 def check_decode_step():
     """One fused decode step against the model's own decode step (its forward with a cache and the additive mask), on
-    a cache a prefill filled, for Qwen2's shape (q/k/v biases) and Qwen3's (q/k norms): the keys and values written,
-    and the final hidden states, within bf16's rounding (attention and the matrix products sum in other orders)."""
-    for overrides in ({}, {"qkv_bias": False, "qk_norm": True}):
+    a cache a prefill filled, for Qwen2's shape (q/k/v biases) and Qwen3's (q/k norms), and with heads of 8 (padded
+    to 16 lanes): the keys and values written, and the final hidden states, within bf16's rounding (attention and the
+    matrix products sum in other orders)."""
+    for overrides in ({}, {"qkv_bias": False, "qk_norm": True}, {"head_dim": 8}):
         model = fused_tiny_model(**overrides)
         ids = torch.tensor([[0, 0, 5, 17, 3], [8, 1, 90, 33, 2]])
         real = ids != 0
@@ -258,3 +266,200 @@ class Counted:
     def __getitem__(self, grid):
         self.launches.append(self.name)
         return self.kernel[grid]
+
+# -----------------------------------------------------------------------------
+# Issue 63: every Triton kernel compiled to a cubin for the GPUs it runs on, on the CPU. The interpreter above checks
+# what a kernel computes, not whether it compiles: on an H200 the attention kernel failed to compile for a model of
+# head_dim 8 (tl.dot's inner dimension is at least 16 on NVIDIA GPUs; tl.arange takes powers of two), which the
+# interpreter had run. Here Triton's own pipeline (triton.compile: TTIR, TTGIR, LLVM IR, PTX, then a cubin by the
+# ptxas bundled in triton/backends/nvidia/bin) compiles each kernel as a launch would: the arguments of the kernels'
+# own wrappers at each architecture's shapes, specialised by Triton's own binder for an sm_80 (A100) or sm_90
+# (H100, H200) target, each distinct specialisation once.
+
+# config.json's hidden_size, num_attention_heads, num_key_value_heads, head_dim (hidden / heads where absent),
+# intermediate_size and vocab_size of every architecture the project loads, then the project's own models
+ARCHITECTURES = {
+    "Qwen2.5-0.5B": (896, 14, 2, 64, 4864, 151936),
+    "Qwen2.5-1.5B": (1536, 12, 2, 128, 8960, 151936),
+    "Qwen2.5-7B": (3584, 28, 4, 128, 18944, 152064),
+    "Qwen3-0.6B": (1024, 16, 8, 128, 3072, 151936),
+    "Qwen3-1.7B": (2048, 16, 8, 128, 6144, 151936),
+    "Qwen3-4B": (2560, 32, 8, 128, 9728, 151936),
+    "Llama-3.2-1B": (2048, 32, 8, 64, 8192, 128256),
+    "Llama-3.2-3B": (3072, 24, 8, 128, 8192, 128256),
+    "SmolLM2-135M": (576, 9, 3, 64, 1536, 49152),
+    "SmolLM2-360M": (960, 15, 5, 64, 2560, 49152),
+    "SmolLM2-1.7B": (2048, 32, 32, 64, 8192, 49152),
+    "test_sample.tiny_model": (64, 4, 2, 16, 112, 97),
+    "test_guards.tiny (char)": (16, 2, 1, 8, 32, 98),  # the one that failed on the H200
+    "configs/demo.py (char)": (64, 4, 2, 16, 176, 98),
+    "head_dim 4 (test_model)": (16, 4, 2, 4, 32, 50),
+    "head_dim 48 (check_add_rms_norm)": (96, 2, 1, 48, 8, 8),
+    "test_gpu's graphs model": (128, 4, 2, 32, 256, 512),
+    "bench.py --tiny": (64, 4, 2, 16, 128, 512),
+}
+TARGETS = {"sm_80": 80, "sm_90": 90}
+LONGEST_ATTENDED = 4096  # cache slots: every split count up to this many slots' is compiled
+# the most shared memory a block may use (bytes), by target: an A100's 163 KB and an H100's 227 KB
+SHARED_MEMORY = {80: 166912, 90: 232448}
+
+
+class Launches:
+    """Stands for a Triton kernel: each launch is recorded (the kernel, its arguments), nothing runs."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.kernel, args, kwargs))
+
+
+def recorded_launches(architecture) -> list:
+    """(kernel, args, kwargs) of every launch that a decode step and the fused sampling make at an architecture's
+    shapes (ARCHITECTURES), for each split count the attention can take up to LONGEST_ATTENDED slots, with CPU
+    tensors standing for CUDA ones (a launch reads their dtype, shape and address alone)."""
+    from model import RMSNorm
+    dim, heads, kv_heads, head_dim, ffn_dim, vocab = architecture
+    config = ModelConfig(vocab_size=vocab, dim=dim, n_layers=1, n_heads=heads, n_kv_heads=kv_heads,
+                         head_dim=head_dim, ffn_dim=ffn_dim, max_seq_len=LONGEST_ATTENDED)
+    calls, bf16 = [], torch.bfloat16
+    names = ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_decode_attention_kernel",
+             "_combine_splits_kernel")
+    real = {name: getattr(kernels, name) for name in names}
+    real_gumbel = sample._gumbel_kernel
+    try:
+        for name in names:
+            setattr(kernels, name, Launches(real[name], calls))
+        sample._gumbel_kernel = Launches(real_gumbel, calls)
+        x, norm = torch.zeros(2, dim, dtype=bf16), RMSNorm(dim, 1e-6).bfloat16()
+        kernels.add_rms_norm(x, None, norm)
+        kernels.add_rms_norm(x, x, norm)
+        kernels.silu_mul(torch.zeros(2, 2 * ffn_dim, dtype=bf16))
+        cache = torch.zeros(1, dtype=bf16).expand(256, kv_heads, LONGEST_ATTENDED, head_dim)  # no memory
+        slot = torch.tensor(5)
+        for rows in (256, 128, 64, 32, 16, 8, 4, 2, 1):  # every split count from 1 up
+            qkv = torch.zeros(rows, (heads + 2 * kv_heads) * head_dim, dtype=bf16)
+            cos = torch.zeros(rows, head_dim, dtype=bf16)
+            q = kernels.rope_and_cache(qkv, cos, cos, cache[:rows], cache[:rows], slot, config)
+            kernels.decode_attention(q, cache[:rows], cache[:rows], torch.zeros(rows, dtype=torch.long), slot,
+                                     LONGEST_ATTENDED)
+        sample._fused_gumbel_sample(torch.zeros(2, vocab, dtype=bf16), 1.0, torch.Generator().manual_seed(0))
+    finally:
+        for name in names:
+            setattr(kernels, name, real[name])
+        sample._gumbel_kernel = real_gumbel
+    return calls
+
+
+def specialisation(kernel, args, kwargs, arch):
+    """What Triton compiles for this launch on an sm_<arch> GPU: (its cache key, the compile's ASTSource, options),
+    from Triton's own binder (triton/runtime/jit.py: JITFunction.run), no GPU needed."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    kwargs = {**kwargs, "debug": False}
+    bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        *args, **kwargs)
+    key = (kernel.fn.__name__, arch, str(specialization), str(options))
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return key, ASTSource(kernel, signature, constexprs, attrs), options
+
+
+COMPILED = {}  # specialisation key -> (the compiled kernel, seconds), for this process
+
+
+def compile_for(kernel, args, kwargs, arch):
+    """The launch compiled for sm_<arch> to a cubin, once per distinct specialisation in this process."""
+    import time
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    key, source, options = specialisation(kernel, args, kwargs, arch)
+    if key not in COMPILED:
+        start = time.perf_counter()
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options.__dict__)
+        COMPILED[key] = compiled, time.perf_counter() - start
+    return COMPILED[key][0]
+
+
+@pytest.fixture(scope="module")
+def triton_cache(tmp_path_factory):
+    """A fresh Triton cache for the compiles: each is made here, not read from an earlier run's."""
+    pytest.importorskip("triton", reason="needs triton (pip install triton, in requirements-test.txt)")
+    from triton import knobs
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path_factory.mktemp("triton_cache"))
+        yield
+
+
+@NEEDS_TRITON
+def test_head_dim_8_did_not_compile_for_an_h200_before_the_padding(triton_cache):
+    """Issue 63's failure, as the H200 met it: the attention kernel given head_dim 8 lanes (D itself, as before the
+    padding) stops at tl.dot, for sm_90 as for sm_80; padded to 16 lanes it compiles."""
+    from triton.compiler.errors import CompilationError
+    calls = [call for call in recorded_launches(ARCHITECTURES["test_guards.tiny (char)"])
+             if call[0] is kernels._decode_attention_kernel]
+    kernel, args, kwargs = calls[0]
+    assert kwargs["D"] == 8 and kwargs["PADDED"] == 16
+    for arch in TARGETS.values():
+        with pytest.raises(CompilationError, match="K >= 16"):
+            compile_for(kernel, args, {**kwargs, "PADDED": 8}, arch)
+        assert compile_for(kernel, args, kwargs, arch).asm["cubin"]
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_kernel_compiles_to_a_cubin_at_every_architecture(triton_cache, target):
+    """Each kernel of kernels.py and sample.py, launched as the fused decode step and the fused sampling launch it
+    at each architecture's shapes (every split count of the attention), compiles to a cubin for the target, within
+    its shared memory."""
+    arch = TARGETS[target]
+    failures, kernels_seen = [], set()
+    for name, architecture in ARCHITECTURES.items():
+        for kernel, args, kwargs in recorded_launches(architecture):
+            kernels_seen.add(kernel.fn.__name__)
+            try:
+                compiled = compile_for(kernel, args, kwargs, arch)
+            except Exception as error:
+                failures.append(f"{name}: {kernel.fn.__name__} {kwargs}: {type(error).__name__}: "
+                                f"{str(error)[-300:]}")
+                continue
+            if not compiled.asm.get("cubin") or compiled.metadata.shared > SHARED_MEMORY[arch]:
+                failures.append(f"{name}: {kernel.fn.__name__} {kwargs}: {compiled.metadata.shared} B shared")
+    assert kernels_seen == {"_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel",
+                            "_decode_attention_kernel", "_combine_splits_kernel", "_gumbel_kernel"}
+    assert not failures, "\n".join(failures)
+
+
+@NEEDS_TRITON
+def test_a_decode_step_compiles_once_whatever_the_cache_length():
+    """Issue 63: Triton specialises an integer argument on its divisibility by 16 (and on being 1), so a cache of 200
+    slots (sample.cache_slots rounds to 8) and one of 208 compiled two variants of the RoPE and attention kernels,
+    the second inside a run or a timing. The cache length and the split length are do_not_specialize: one variant,
+    where the same kernels without that mark would make two."""
+    import triton
+
+    def keys(kernel_of, slots, attend):
+        calls = []
+        config = ModelConfig(vocab_size=8, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=8,
+                             max_seq_len=512)
+        names = ("_rope_cache_kernel", "_decode_attention_kernel")
+        real = {name: getattr(kernels, name) for name in names}
+        try:
+            for name in names:
+                setattr(kernels, name, Launches(kernel_of(real[name]), calls))
+            cache = torch.zeros(1, dtype=torch.bfloat16).expand(256, 2, slots, 16)
+            qkv, cos = torch.zeros(256, 8 * 16, dtype=torch.bfloat16), torch.zeros(256, 16, dtype=torch.bfloat16)
+            q = kernels.rope_and_cache(qkv, cos, cos, cache, cache, torch.tensor(5), config)
+            kernels.decode_attention(q, cache, cache, torch.zeros(256, dtype=torch.long), torch.tensor(5), attend)
+        finally:
+            for name in names:
+                setattr(kernels, name, real[name])
+        assert [kwargs.get("SPLITS", 1) for _, _, kwargs in calls] == [1, 1]  # 512 (row, kv head) programs
+        return [specialisation(kernel, args, kwargs, 90)[0] for kernel, args, kwargs in calls]
+
+    marked = lambda kernel: kernel  # noqa: E731
+    assert keys(marked, 200, 128) == keys(marked, 208, 200) == keys(marked, 1000, 1000)
+    unmarked = lambda kernel: triton.jit(kernel.fn)  # noqa: E731
+    assert all(a != b for a, b in zip(keys(unmarked, 200, 128), keys(unmarked, 208, 200)))
