@@ -30,6 +30,12 @@ def test_tiny_bench_fills_the_table(gpu_check):
     assert sampler["ours_tokens_per_s"] > 0 and sampler["hf_tokens_per_s"] > 0
     assert sampler["speedup_vs_hf"] == sampler["ours_tokens_per_s"] / sampler["hf_tokens_per_s"]
     assert "roofline_fraction" not in sampler  # no bandwidth or peak is known for a CPU: no made-up fraction
+    # issue 63: the median of the timed calls, after a warm-up with the same call; no compile while timed; the graphs'
+    # capture seconds (none here: the rehearsal's CUDA graphs fell back in the warm-up)
+    assert sampler["timed_calls"] == bench.TIMED_CALLS == len(sampler["ours_seconds_each"]) == 3
+    assert sampler["ours_seconds"] == sorted(sampler["ours_seconds_each"])[1]
+    assert sampler["triton_compiles_warmup"] == sampler["triton_compiles_timed"] == 0  # Triton's kernels: CUDA only
+    assert sampler["compiled_while_timed"] == [] and sampler["graph_capture_seconds"] == sampler["graph_captures"] == 0
     parts = step["time_sample"] + step["time_reward"] + step["time_reference"] + step["time_update"]
     assert 0 < parts <= step["time_step"] and step["peak_memory_gib"] > 0
     assert 0 < step["response_length"] <= bench.WORKLOADS["tiny"]["step_new"]
@@ -40,6 +46,7 @@ def test_tiny_bench_fills_the_table(gpu_check):
     assert profile["device_events_per_decode_step"] is None  # kernels are counted on CUDA only
     text = bench.report(result)
     assert "| train.grpo_step |" in text and "| sample.generate |" in text
+    assert "median of 3 calls after a warm-up with the same call" in text and " | 0.00 (0) | 0, 0 |" in text
 
 
 def test_the_gpu_check_returns_what_a_gpu_machine_can_send_back_and_shows_a_fallback(gpu_check):
@@ -209,3 +216,24 @@ def test_the_lean_part_is_the_step_with_checkpointing_and_reports_its_memory_aga
                                                               "response_length": 15.0},
                           "lean": {**step, "time_step": 1.25, "peak_memory_gib": 1.0}})
     assert "| train.grpo_step, lean | 1.250 |" in shown and "TRL step time / ours 3.20x, our peak memory / TRL's 0.40x" in shown
+
+
+def test_the_compile_count_counts_what_triton_compiles_not_what_its_cache_answers(tmp_path):
+    """Issue 63: bench's count of Triton compiles, by Triton's compilation listener: a kernel compiled (for an H100,
+    on the CPU: triton.compile needs no GPU) counts once; the same again, answered by Triton's cache, does not."""
+    pytest.importorskip("triton", reason="needs triton (pip install triton, in requirements-test.txt)")
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+
+    import kernels
+    from test_kernels import specialisation
+    args = (torch.zeros(2, 64), torch.zeros(2, 64), torch.zeros(64), torch.zeros(2, 64), torch.zeros(2, 64), 64, 1e-6)
+    _, source, options = specialisation(kernels._add_rms_norm_kernel, args, dict(HAS_Y=True, BLOCK=64), 90)
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path)
+        with bench.TritonCompiles() as compiles:
+            for _ in range(2):
+                triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options.__dict__)
+    assert compiles.count == 1 and compiles.kernels == ["_add_rms_norm_kernel"]
+    assert knobs.compilation.listener is None  # put back as it was

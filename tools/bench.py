@@ -10,7 +10,9 @@ Where GRPO's time and memory go: the sampler and the whole step, against transfo
    off, every row decodes all its tokens), and the fraction of the roofline it reaches: the prefill and each decode
    step take at least the longer of their bytes (every weight once, the KV cache) over the memory bandwidth and
    their arithmetic (two operations per weight per token, attention's) over the peak bf16 rate (GPU only;
-   --bandwidth and --flops, or known for H100/H200). --skip hf leaves transformers out (its random twin is then not
+   --bandwidth and --flops, or known for H100/H200). Ours: the median of 3 calls after a warm-up with the same call,
+   beside the Triton kernels compiled in the warm-up and in the timed calls (0: no compile inside a timing; Triton's
+   cache is a fresh directory, so each compile counts) and the seconds the timed calls spent capturing CUDA graphs. --skip hf leaves transformers out (its random twin is then not
    built).
 2. GRPO step: train.py's own grpo_step on fixed-length prompts; seconds per phase (sample, reward, reference and
    old log-probs, update), peak allocated and reserved memory (CUDA allocator; on the CPU the process's peak RSS).
@@ -180,16 +182,101 @@ def sampler_prompts(ours, work: dict) -> torch.Tensor:
                          generator=torch.Generator().manual_seed(0))
 
 
+class TritonCompiles:
+    """Counts the Triton kernels compiled while active (a compile that Triton's cache answered aside), with their
+    names, through Triton's compilation listener (triton.knobs.compilation.listener, which triton.compile calls);
+    counts none where Triton is not importable."""
+
+    def __init__(self):
+        self.count, self.kernels, self.knobs = 0, [], None
+
+    def __enter__(self):
+        try:
+            from triton import knobs
+        except ImportError:
+            return self
+        self.knobs, self.before = knobs, knobs.compilation.listener
+
+        def listener(*, src, metadata, metadata_group, times, cache_hit):
+            if not cache_hit:
+                self.count += 1
+                self.kernels.append(src.name)
+            if self.before is not None:
+                self.before(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
+                            cache_hit=cache_hit)
+        knobs.compilation.listener = listener
+        return self
+
+    def __exit__(self, *exc):
+        if self.knobs is not None:
+            self.knobs.compilation.listener = self.before
+
+
+def fresh_triton_cache():
+    """Point Triton at an empty cache directory for the rest of the process (removed at exit), so that every
+    kernel this process uses is compiled here and counted (TritonCompiles), not read from an earlier run's."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return
+    import atexit
+    import shutil
+    knobs.cache.dir = tempfile.mkdtemp(prefix="bench_triton_cache_")
+    atexit.register(shutil.rmtree, knobs.cache.dir, ignore_errors=True)
+
+
+class GraphCaptures:
+    """The seconds spent in sample._captured while active (per batch size and attention bucket: one eager decode
+    step, then the CUDA graph's capture), and how many: a rollout captures its graphs anew."""
+
+    def __init__(self, device):
+        self.device, self.seconds, self.count = device, 0.0, 0
+
+    def __enter__(self):
+        self.real = sample._captured
+
+        def captured(step, generator, device):
+            start = time.perf_counter()
+            try:
+                return self.real(step, generator, device)
+            finally:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                self.seconds += time.perf_counter() - start
+                self.count += 1
+        sample._captured = captured
+        return self
+
+    def __exit__(self, *exc):
+        sample._captured = self.real
+
+
+TIMED_CALLS = 3  # sample.generate calls timed, after one warm-up with the same call: their median counts
+
+
 def bench_sampler(hf, ours, work: dict, device, bandwidth, flops) -> dict:
     """sample.generate's new tokens/s on the sampler workload, against the roofline and, when hf is given,
-    transformers' generate on the same weights (fewer new tokens: it is much slower)."""
+    transformers' generate on the same weights (fewer new tokens: it is much slower). One warm-up with the very call
+    timed (every kernel specialisation compiled, cuBLAS handles made), then the median of TIMED_CALLS calls; beside
+    it the Triton compiles of the warm-up and of the timed calls (0 expected: a compile inside a timing is a bug) and
+    the seconds the timed calls spent capturing CUDA graphs (a rollout captures its graphs anew; medians)."""
     prompts = sampler_prompts(ours, work)
     as_lists, n = prompts.tolist(), work["new_tokens"]
-    generate(ours, as_lists, min(n, 2 * 128 + 1), seed=1)  # warm-up: kernels, cuBLAS handles, graph captures
-    rollouts = []
-    ours_s = timed(lambda: rollouts.append(generate(ours, as_lists, n, seed=0)), device)
-    result = {"ours_tokens_per_s": work["rows"] * n / ours_s, "ours_seconds": ours_s,
-              "fast_paths": rollouts[0].fast_paths}
+    call = lambda: generate(ours, as_lists, n, seed=0)  # noqa: E731
+    with TritonCompiles() as warmup_compiles:
+        timed(call, device)
+    rollouts, seconds, captures = [], [], []
+    with TritonCompiles() as compiles:
+        for _ in range(TIMED_CALLS):
+            with GraphCaptures(device) as capture:
+                seconds.append(timed(lambda: rollouts.append(call()), device))
+            captures.append(capture)
+    ours_s = statistics.median(seconds)
+    result = {"ours_tokens_per_s": work["rows"] * n / ours_s, "ours_seconds": ours_s, "timed_calls": TIMED_CALLS,
+              "ours_seconds_each": seconds, "triton_compiles_warmup": warmup_compiles.count,
+              "triton_compiles_timed": compiles.count, "compiled_while_timed": sorted(set(compiles.kernels)),
+              "graph_capture_seconds": statistics.median(c.seconds for c in captures),
+              "graph_captures": captures[0].count, "fast_paths": rollouts[0].fast_paths}
     if bandwidth and flops:
         result["roofline_fraction"] = roofline_seconds(ours, work["rows"], work["prompt_len"], n, bandwidth,
                                                        flops) / ours_s
@@ -429,6 +516,7 @@ def main(argv=None):
         parser.error("--fast_paths_on_cpu rehearses a fallback on the CPU: it goes with --tiny")
     if args.fast_paths_on_cpu:
         sample.FAST_PATH_DEVICES = (*sample.FAST_PATH_DEVICES, "cpu")
+    fresh_triton_cache()  # every Triton compile of this process made and counted here
     shape_name = "tiny" if args.tiny else args.shape
     shape, work, sizes = SHAPES[shape_name], WORKLOADS["tiny" if args.tiny else "full"], step_sizes(shape_name)
     device, dtype = resolve_device("cpu" if args.tiny else "auto")
@@ -451,6 +539,10 @@ def main(argv=None):
         ours = our_model(shape, device, dtype, hf)
         result["sampler"] = bench_sampler(hf, ours, work, device, bandwidth, flops)
         result["warnings"] += fast_path_warnings("sampler", result["sampler"]["fast_paths"])
+        if result["sampler"]["triton_compiles_timed"]:
+            result["warnings"].append(f"WARNING: the sampler compiled {result['sampler']['triton_compiles_timed']} "
+                                      "Triton kernels while timed, after a warm-up with the same call: "
+                                      f"{', '.join(result['sampler']['compiled_while_timed'])}")
         del hf
         done("sampler")
     if "step" not in skip:
@@ -717,13 +809,16 @@ def report(result: dict) -> str:
         s = result["sampler"]
         fraction = f"{s['roofline_fraction']:.2f}" if "roofline_fraction" in s else "n/a"
         versus = f"{s['speedup_vs_hf']:.1f}x" if "speedup_vs_hf" in s else "not run"
-        lines += [f"\nsampler: {w['rows']} prompts x ({w['prompt_len']} + {w['new_tokens']}) tokens, T=1, no stops",
-                  "| | new tokens/s | seconds | vs transformers | roofline fraction |", "|---|---|---|---|---|",
+        lines += [f"\nsampler: {w['rows']} prompts x ({w['prompt_len']} + {w['new_tokens']}) tokens, T=1, no stops; "
+                  f"median of {s.get('timed_calls', 1)} calls after a warm-up with the same call",
+                  "| | new tokens/s | seconds | vs transformers | roofline fraction | graph captures s | "
+                  "Triton compiles: warm-up, timed |", "|---|---|---|---|---|---|---|",
                   f"| sample.generate | {s['ours_tokens_per_s']:,.0f} | {s['ours_seconds']:.2f} | {versus} | "
-                  f"{fraction} |"]
+                  f"{fraction} | {s.get('graph_capture_seconds', 0):.2f} ({s.get('graph_captures', 0)}) | "
+                  f"{s.get('triton_compiles_warmup', 'n/a')}, {s.get('triton_compiles_timed', 'n/a')} |"]
         if "hf_tokens_per_s" in s:
             lines.append(f"| transformers generate ({s['hf_new_tokens']} new) | {s['hf_tokens_per_s']:,.0f} | "
-                         f"{s['hf_seconds']:.2f} | 1.0x | |")
+                         f"{s['hf_seconds']:.2f} | 1.0x | | | |")
     if "step" in result:
         s, trl = result["step"], result.get("trl")
         reserved = ", ".join(f"{r:.2f}" for r in s.get("reserved_memory_gib", [])) or "n/a"
