@@ -45,6 +45,8 @@ def save_checkpoint(run, cfg, path: str, full: bool = True):
                               for i, moments in optimizer["state"].items()}
         state.update(optimizer=optimizer, stream=run.stream.state_dict(),
                      reference=run.reference.state_dict() if run.reference is not None else None)
+        if run.loss.state_dict():  # the loss's parts that keep state (an adaptive coefficient)
+            state.update(loss=run.loss.state_dict())
         if run.critic is not None:  # PPO: the value model and its own optimizer
             state.update(critic=run.critic.state_dict(),
                          critic_optimizer=run.critic_optimizer.state_dict())
@@ -113,8 +115,8 @@ def checkpoint_bytes(state: dict) -> int:
 
 def restore(run, state: dict):
     """Put a full checkpoint's training state into a freshly set-up run: step, optimizer (FSDP2:
-    each rank keeps its shard), question order, reference, run id. The weights came in with the
-    model (load_policy)."""
+    each rank keeps its shard), question order, reference, the loss's state, run id. The weights
+    came in with the model (load_policy)."""
     run.step = state["step"]
     run.run_id = state.get("run_id") or run.run_id
     run.optimizer.load_state_dict(state["optimizer"])
@@ -122,6 +124,8 @@ def restore(run, state: dict):
     run.stream.load_state_dict(state["stream"])
     if run.reference is not None:
         run.reference.load_state_dict(state["reference"])
+    if "loss" in state:
+        run.loss.load_state_dict(state["loss"])
     if run.critic is not None:
         run.critic.load_state_dict(state["critic"])
         run.critic_optimizer.load_state_dict(state["critic_optimizer"])

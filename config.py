@@ -26,11 +26,15 @@ import model
 import rewards
 from distributed import world_size
 from rewards import REFLECTION_MARKERS
+from settings import AT_LEAST_0, AT_LEAST_1, check, help_lines, one_of, setting, within
 from template import template_dict, template_of
+
+METHODS = ("grpo", "ppo", "rft", "sft_answers", "sft_more")
+SUPERVISIONS = ("outcome", "process", "both")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings):
     # model, tokenizer, prompt
     # a Hugging Face name or local dir, or "scratch": a new model of shape model_args
     model: str = "Qwen/Qwen2.5-0.5B"
@@ -73,7 +77,8 @@ class TrainConfig:
     # per step: "rft" (sample as GRPO does, SFT on the correct samples), "sft_answers" (SFT on the
     # training rows: with "synthetic_split" their answers alone, "</think> <answer>N</answer>"),
     # "sft_more" (SFT on the warm-start rows: more warm start)
-    method: str = "grpo"
+    method: str = setting("grpo", "grpo, ppo, or a baseline with GRPO's rows and completions per "
+                          "step: rft, sft_answers, sft_more", one_of(METHODS))
     # sampling
     group_size: int = 8  # G completions per question
     prompts_per_step: int = 32
@@ -101,82 +106,27 @@ class TrainConfig:
     # dynamic sampling's cap: draws of prompts_per_step questions per step, the first included; a
     # batch still short then is filled up with dropped groups (rollout.dynamic_groups)
     max_num_gen_batches: int = 4
-    # the loss: grpo.loss_of builds it from these keys once, at set-up (grpo.grpo_loss takes each
-    # as a keyword, with the same default); named as TRL's GRPOConfig names them where it has them
-    # (its vllm_importance_sampling_* without the prefix), each switch off by default
-    # the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] (PPO's, DeepSeekMath's 0.2)
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None  # None = clip_eps; larger for DAPO's clip-higher (0.28)
-    # INTELLECT-2's two-sided clip: the ratio also capped at delta (> 1 + clip_eps_high), which
-    # bounds a negative advantage's term; None = off
-    delta: float | None = None
-    # the policy term (grpo.POLICY_LOSSES): "clip" (PPO's, GRPO's), "cispo" (MiniMax-M1: the ratio
-    # capped at 1 + clip_eps_high and detached weighs A log pi, every token keeps its gradient;
-    # TRL's loss_type="cispo" with epsilon_high = 1 + clip_eps_high) or "sapo" (a soft gate
-    # sigmoid(tau (ratio - 1)) 4 / tau instead of the clip)
-    policy_loss: str = "clip"
-    sapo_temperature_pos: float = 1.0  # SAPO's tau where the advantage is > 0
-    sapo_temperature_neg: float = 1.05  # and where it is <= 0
-    beta: float = 0.04  # KL weight; 0 = no reference model at all
-    # grpo.KL_ESTIMATORS: "k3" (DeepSeekMath's), "k3_is", "k2" or "k1_reward"
-    kl_estimator: str = "k3"
-    # "seq_mean" (GRPO) | "token_mean" (DAPO) | "constant" (Dr. GRPO, / max_new_tokens)
-    loss_agg: str = "seq_mean"
-    # "token" (GRPO: a ratio per token) | "sequence" (GSPO, arXiv:2507.18071: one ratio per
-    # sequence, the geometric mean of its token ratios, clipped per sequence; GSPO clips far
-    # tighter: clip_eps 3e-4, clip_eps_high 4e-4)
-    importance_sampling_level: str = "token"
-    # the sampler correction (Yao et al. 2025): each token's policy term weighed by pi_old /
-    # pi_sampler, bounded, no grad, correcting for the sampler's own numerics (a bf16 copy, a
-    # KV-cache decode). Off by default (TRL's default is on, "sequence_mask" at 3.0)
-    importance_sampling_correction: bool = False
-    # "token_truncate" (each token's ratio clamped to [clip_min, clip_max]) | "token_mask" (0
-    # outside) | "sequence_truncate" | "sequence_mask" (one ratio per completion: the product of
-    # its tokens')
-    importance_sampling_mode: str = "sequence_mask"
-    importance_sampling_clip_max: float | None = 3.0  # None = no upper bound
-    importance_sampling_clip_min: float | None = None  # None = no lower bound
-    # tis_cap = C: importance_sampling_correction with importance_sampling_mode "token_truncate"
-    # and importance_sampling_clip_max C (truncated importance sampling, this repo's name for it
-    # before TRL's); None = off
-    tis_cap: float | None = None
-    # DeepSeek-V3.2's off-policy sequence mask: a completion with a negative advantage whose mean
-    # log(pi_sampler / pi_theta) over its tokens exceeds this is left out of the policy term
-    # (0.5, say); None = off
-    off_policy_mask_threshold: float | None = None
-    # only this top fraction of the step's tokens by entropy carries the policy gradient ("Beyond
-    # the 80/20 rule", arXiv:2506.01939, recommends 0.2); 1.0 = every token
-    top_entropy_quantile: float = 1.0
-    # an entropy bonus: the loss less entropy_coef times the tokens' mean entropy (TRL's); 0 = off
-    entropy_coef: float = 0.0
-    # DAPO: the completions cut at max_new_tokens left out of the loss (not of their group's
-    # advantages), which averages over the others
-    mask_truncated_completions: bool = False
-    # advantages (grpo.py)
+    # the loss's, the advantages' and PPO's critic's keys are declared in grpo.py (LossSettings,
+    # AdvantageSettings, CriticSettings), each beside the part that reads it; TrainConfig inherits
+    # them
     # "outcome" (an advantage per completion) | "process" (per token, arithmetic) | "both"
-    supervision: str = "outcome"
+    supervision: str = setting("outcome", "outcome (an advantage per completion), process (per "
+                               "token, arithmetic claims) or both", one_of(SUPERVISIONS))
     # "both": advantage = outcome advantage + process_weight * process advantage
-    process_weight: float = 1.0
-    adv_baseline: str = "mean"  # "mean" (GRPO) | "rloo" | "none" (REINFORCE)
-    # the std the advantages are divided by: "group" (GRPO) | "batch" (the std of the step's
-    # rewards: PPO-Lite, arXiv:2508.08221) | "none" (Dr. GRPO)
-    scale_rewards: str = "group"
-    # scale_rewards' older name: "std" (divided by a std: scale_rewards says which) | "none" (the
-    # same as scale_rewards="none")
-    adv_scale: str = "std"
-    # PPO (method="ppo"; verl's names): a critic of the policy's shape, from its weights, a value
-    # head at zero; the KL to the reference in the loss (kl_estimator k3, k3_is, k2, as GRPO's) or
-    # per token in the rewards (kl_estimator="k1_reward", PPO-RLHF's); group_size 1 is classic PPO
-    gamma: float = 1.0  # GAE's discount (verl's default)
-    lam: float = 1.0  # GAE's lambda (verl's default)
-    cliprange_value: float = 0.5  # the value loss's clip around the critic's old values (verl's)
-    # the critic's own AdamW learning rate; None: 10 x lr, as verl's defaults (1e-5 to the actor's
-    # 1e-6)
-    critic_lr: float | None = None
+    process_weight: float = setting(1.0, "both: the outcome advantage + this times the process "
+                                    "advantage", AT_LEAST_0)
     # optimizer steps per batch of samples; > 1 computes old log-probs once before the first
     mu: int = 1
     # iterative GRPO: copy the policy into the reference every N steps (0 = never)
     ref_reset_every: int = 0
+    # TR-DPO's reference (arXiv:2404.09656; TRL's names): pi_ref = alpha pi_theta + (1 - alpha)
+    # pi_ref every ref_model_sync_steps steps
+    sync_ref_model: bool = setting(False, "pull the reference toward the policy every "
+                                   "ref_model_sync_steps steps (needs beta > 0, no LoRA)")
+    ref_model_mixup_alpha: float = setting(0.6, "TR-DPO's alpha: the policy's share of the new "
+                                           "reference", within(0, 1, "(]"))
+    ref_model_sync_steps: int = setting(512, "TR-DPO's tau: the steps between two syncs",
+                                        AT_LEAST_1)
     # LoRA (model.py): only low-rank adapters train; the reference is the same network with its
     # adapters off
     lora_rank: int = 0  # 0 = full fine-tuning
@@ -238,7 +188,8 @@ class TrainConfig:
     # "float32"
     dtype: str = "auto"
     # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
-    sharding: str = "ddp"
+    sharding: str = setting("ddp", "under torchrun: ddp (replicas) or fsdp (FSDP2 shards)",
+                            one_of(("ddp", "fsdp")))
     # CPU threads of torch, 0 = its default; CPU sums depend on it, so pinning it pins the run
     threads: int = 0
     # the sampler replays each decode step as a CUDA graph; False: the plain eager loop (the same
@@ -277,8 +228,6 @@ class TrainConfig:
         validate(self)
 
 
-METHODS = ("grpo", "ppo", "rft", "sft_answers", "sft_more")
-SUPERVISIONS = ("outcome", "process", "both")
 GSM8K_DIR = TrainConfig.data_dir  # data_dir's default, GSM8K's
 # dataset="math": training (downloaded on first use), held out (shipped)
 MATH_DIRS = ("data/math", "data/math500")
@@ -323,6 +272,10 @@ def validate(cfg: TrainConfig):
     def need(ok: bool, message: str):
         if not ok:
             raise ValueError(f"config: {message}")
+    try:  # each setting's own rule (settings.setting), then what spans several
+        check(cfg)
+    except ValueError as error:
+        raise ValueError(f"config: {error}") from None
     for key in ("group_size", "prompts_per_step", "max_new_tokens", "mu", "micro_batch_size",
                 "logprob_chunk", "eval_batch_size", "sft_batch_size", "synthetic_train_size",
                 "synthetic_eval_size", "max_num_gen_batches"):
@@ -339,18 +292,18 @@ def validate(cfg: TrainConfig):
          f"adam_betas must be two numbers in [0, 1), got {cfg.adam_betas}")
     need(cfg.eval_size >= 1 or cfg.eval_every == 0,
          "eval_size=0 with eval_every > 0: nothing to evaluate")
-    need(cfg.method in METHODS, f"method must be one of {METHODS}, got {cfg.method!r}")
-    need(cfg.supervision in SUPERVISIONS,
-         f"supervision must be one of {SUPERVISIONS}, got {cfg.supervision!r}")
-    need(0 <= cfg.process_weight < math.inf,
-         f"process_weight must be a finite number >= 0, got {cfg.process_weight}")
     need(not (cfg.resume and cfg.overwrite), "resume and overwrite exclude each other")
     need(cfg.save_checkpoints or not cfg.resume,
          "resume goes on from out_dir/ckpt.pt, and save_checkpoints=False writes none")
     need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0,
          "ref_reset_every with LoRA is not supported: the reference is the base model with the "
          "adapters off")
-    need(cfg.sharding in ("ddp", "fsdp"), f"sharding must be 'ddp' or 'fsdp', got {cfg.sharding!r}")
+    need(not cfg.sync_ref_model or (cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method in
+                                    ("grpo", "ppo") and cfg.ref_reset_every == 0),
+         "the reference's sync (TR-DPO) pulls a frozen reference copy toward the policy: it needs "
+         "beta > 0 and method 'grpo' or 'ppo', no ref_reset_every, and no LoRA (with LoRA the "
+         "reference is the policy with its adapters off, no copy of its own: merging a share of "
+         "the adapters into the base weights would move the policy as well)")
     need(cfg.prompts_per_step % world_size() == 0,
          f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} "
          "ranks (each rank samples whole groups): make prompts_per_step a multiple of "
@@ -436,8 +389,10 @@ def load_config(argv: list[str]) -> TrainConfig:
 
 
 def help_text() -> str:
-    """What `--help` prints: the module docstring, then every key with its default."""
-    keys = [f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}"
+    """What `--help` prints: the module docstring, then every key with its default, and for a
+    setting (settings.setting) its doc and rule."""
+    described = {line.split("=")[0].strip(): line for line in help_lines(TrainConfig)}
+    keys = [described.get(f"--{f.name}", f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}")
             for f in dataclasses.fields(TrainConfig)]
     return __doc__ + "\nConfig keys and their defaults:\n" + "\n".join(keys)
 

@@ -134,6 +134,16 @@ def copy_weights(target: Transformer, source: Transformer):
             into[name].copy_(whole(tensor))
 
 
+def mix_weights(target: Transformer, source: Transformer, alpha: float):
+    """target's weights := alpha source's + (1 - alpha) its own, summed in fp32, cast to target's
+    dtype (TR-DPO's reference sync, arXiv:2404.09656); gathered as copy_weights."""
+    with torch.no_grad():
+        into = target.state_dict()
+        for name, tensor in source.state_dict().items():
+            mixed = (1 - alpha) * into[name].float() + alpha * whole(tensor).float()
+            into[name].copy_(mixed)
+
+
 def shard_optimizer_state(optimizer: torch.optim.Optimizer):
     """After loading a checkpoint's whole AdamW moments into an optimizer over FSDP2 shards, keep
     each rank's shard."""

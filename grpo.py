@@ -1,31 +1,22 @@
 """
-GRPO's "learn" (DeepSeekMath, arXiv:2402.03300): the log-probs of the sampled tokens, the
-advantages, the loss and its variants, and the micro-batched update that keeps them exact, in the
-order a step reads them:
+GRPO's objective (DeepSeekMath, arXiv:2402.03300): the advantages and the loss, with their
+variants. Each setting is declared once (settings.py), in the dataclass beside the part that reads
+it; config.TrainConfig inherits them. In the order a step reads them (train.grpo_step):
 
-    loss = loss_of(cfg)  # once, at set-up: one part of each table, settings bound
-    batches = make_micro_batches(prompts, completions, size, pad_id, device, sampler_logprobs)
-    add_logprobs(reference, batches, "ref_logp", temperature, chunk, autocast)  # beta > 0: anchor
-    set_rows(batches, "advantages", advantages_of(samples, batches, cfg))  # per completion, token
-    stats = update(policy, optimizer, batches, loss, cfg, lr, autocast)  # mu optimizer steps
+    advantages, stats = advantages_of(samples, batches, cfg)  # per completion, or per token
+    loss = loss_of(cfg)  # once, at set-up: one part of each table, its settings bound
+    value, measures = loss(terms_of(batch, logp, entropy), sizes)  # each micro-batch (update.py)
+    logged = loss.after_step()  # after each optimizer step: parts that keep state update it
 
 The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE; group or batch
-std), process_advantages (per-step rewards), kl_penalized_rewards (the KL in the reward), and the
-loss's parts, one table per kind (IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, the masks,
-IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS, the entropy bonus, LOSS_AGGS), each a short function
-with its paper; grpo_loss computes any of them in one call. PPO (method="ppo") swaps the group
-baseline for a learned critic's values: gae_advantages (GAE, whitened) and critic_update (the
-clipped value loss), through the same step. Which KL each estimator's gradient
-follows is said once, in docs/guide.md ("The KL term"). The settings are config keys, checked once
-when the config loads (check_settings, at the end of this file), trusted here.
-
-The normaliser contract: a micro-batch's loss is divided by the WHOLE batch's sequence or token
-count (every rank's under torchrun), fixed before the micro-batch loop, so the micro-batches'
-gradients add up to the whole batch's exactly, however the rows are split (policy_gradient keeps
-it). Three masks: `mask` the completion tokens (scored, measured), `loss_mask` those the loss
-trains on and normalises over, `policy_mask` those whose policy term counts. The full-vocabulary
-logits of a micro-batch never exist at once: lm_head and log_softmax run a chunk of tokens at a
-time (completion_logprobs).
+std), normalize_then_sum (GDPO), process_advantages (per-step rewards), kl_penalized_rewards (the
+KL in the reward), GAE and the value loss of PPO's critic, and the loss's parts, one table per kind
+(IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, the masks, IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS,
+the entropy bonus, LOSS_AGGS), each a short function with its paper; grpo_loss computes any of them
+in one call. update.py runs them over a step's micro-batches with whole-batch normalisers. Which KL
+each estimator's gradient follows is said once, in docs/guide.md ("The KL term"). The settings are
+checked once, when the config loads (their rules; check_settings for what spans several), and
+trusted here.
 """
 import dataclasses
 import math
@@ -35,192 +26,86 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from distributed import (accumulating, from_every_rank, max_over_ranks, rank, summed_over_ranks,
-                         whole, world_size)
+from distributed import from_every_rank, rank, summed_over_ranks, world_size
+from settings import (AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, changed, check, defaults,
+                      one_of, optional, setting, within)
 
 BASELINES = ("mean", "rloo", "none")
 SCALES = ("std", "batch", "none")
+MULTI_OBJECTIVE = ("sum_then_normalize", "normalize_then_sum")
 # exp(20) ~ 5e8 is finite in fp32; one outlier token cannot overflow the k3 term
 KL_LOG_RATIO_CLAMP = 20.0
-GAP_STATS = ("logprob_gap", "logprob_gap_max", "sampler_ratio")
 
 # -----------------------------------------------------------------------------
-# the step's rows in micro-batches: a row is a prompt (token ids) followed by its completion (token
-# ids, stop token included); make_micro_batches() splits a step's rows, pack() lays rows out in one
-# tensor
+# advantages: how much better each completion did than its group
 
 
 @dataclass
-class MicroBatch:
-    ids: torch.Tensor  # [b, P + N] left-padded prompts, then completions (right-padded)
-    attention_mask: torch.Tensor  # [b, P + N] bool: real tokens
-    mask: torch.Tensor  # [b, N] bool: completion tokens, stop token included (scored, measured)
-    prompt_width: int  # P
-    rows: list[int]  # the step's rows this micro-batch holds, in its order
-    # [b, N] bool: the tokens the loss trains on and is normalised over (mask, less the completions
-    # masked out: mask_truncated_completions)
-    loss_mask: torch.Tensor | None = None
-    # [b, N] bool: the tokens whose policy term counts (loss_mask; top_entropy_quantile narrows it)
-    policy_mask: torch.Tensor | None = None
-    advantages: torch.Tensor | None = None  # [b] float32, or [b, N] per token (set_advantages)
-    old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
-    ref_logp: torch.Tensor | None = None  # [b, N] under the reference model (beta > 0 only)
-    sampler_logp: torch.Tensor | None = None  # [b, N] as the sampler computed them when it drew
-    values: torch.Tensor | None = None  # [b, N] the critic's, before the update (PPO only)
-    returns: torch.Tensor | None = None  # [b, N] what the critic learns to predict (PPO only)
+class AdvantageSettings:
+    """GRPO's group advantages (method="ppo" leaves them at their defaults: GAE replaces them)."""
+    adv_baseline: str = setting("mean", "the group baseline: mean (GRPO), rloo, none (REINFORCE)",
+                                one_of(BASELINES))
+    scale_rewards: str = setting(
+        "group", "the std the advantages are divided by: the group's (GRPO), the batch's "
+        "(PPO-Lite, arXiv:2508.08221) or none (Dr. GRPO)", one_of(("group", "batch", "none")))
+    adv_scale: str = setting("std", "scale_rewards' older name: std (scale_rewards says which), "
+                             "none (scale_rewards='none')", one_of(("std", "none")))
+    multi_objective_aggregation: str = setting(
+        "sum_then_normalize", "the rewards' weighted sum, then group advantages; or each reward "
+        "normalised in its group, then summed and normalised over the batch (GDPO, "
+        "arXiv:2601.05242)", one_of(MULTI_OBJECTIVE))
 
 
-def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
-                       sampler_logprobs: list[list[float]] | None = None,
-                       trained: list[bool] | None = None) -> list[MicroBatch]:
-    """Split rows into micro-batches of `size` rows of similar total length (less padding); any
-    split is exact (whole-batch normalisers). Rows are reordered: per-row data lives in the
-    MicroBatch (set_rows). sampler_logprobs: the sampler's own (Rollout.logprobs); trained:
-    per row, whether its completion is in the loss (None: every one)."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
-    batches = []
-    for start in range(0, len(order), size):
-        rows = order[start:start + size]
-        ids, attention_mask, mask, width = pack([prompts[i] for i in rows],
-                                                [completions[i] for i in rows], pad_id)
-        batch = MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width, rows)
-        batch.loss_mask = batch.mask
-        if trained is not None:  # [b, 1]: the rows whose completion is in the loss
-            kept = torch.tensor([trained[i] for i in rows], device=device)
-            batch.loss_mask = batch.mask & kept[:, None]
-        batch.policy_mask = batch.loss_mask
-        if sampler_logprobs is not None:
-            flat = torch.tensor([x for i in rows for x in sampler_logprobs[i]])
-            batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(mask, flat).to(device)
-        batches.append(batch)
-    return batches
-
-
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Left-pad prompts, append completions -> ids [b, P+N], attention_mask [b, P+N], mask [b, N],
-    P. The mask comes from the lengths, never from token values (Qwen's pad token is its EOS)."""
-    width = max(map(len, prompts))
-    n_new = max(map(len, completions))
-    ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(ids, dtype=torch.bool)
-    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-        ids[i, width - len(prompt):width + len(completion)] = torch.tensor(prompt + completion)
-        attention_mask[i, width - len(prompt):width + len(completion)] = True
-    return ids, attention_mask, attention_mask[:, width:].clone(), width
-
-
-# -----------------------------------------------------------------------------
-# log-probs of the sampled tokens: completion_logprobs() runs the model and gives the log-prob of
-# every completion token; add_logprobs() keeps the reference's (beta > 0) and the sampling policy's
-# (mu > 1)
-
-
-@torch.no_grad()
-def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: float, chunk: int,
-                 autocast):
-    """Fill each micro-batch's `field` ("old_logp" or "ref_logp") with its log-probs under model."""
-    for batch in batches:
-        with autocast:
-            setattr(batch, field, completion_logprobs(model, batch, temperature, chunk)[0])
-
-
-def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int,
-                        entropy: str | None = None):
-    """Log-probs [b, N] fp32 of the completion tokens (0 off the mask) under log_softmax(logits /
-    temperature), and their entropies as `entropy` asks: None, "sum" (over the tokens, 0-d, no
-    grad: the logged mean) or "tokens" ([b, N], with grad where grad is on: an entropy bonus).
-    Only masked positions go through lm_head, `chunk` tokens at a time, each recomputed in backward
-    instead of stored."""
-    hidden = completion_hidden(model, batch)  # [M, dim]
-    targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
-    logps, entropies = [], []
-    for start in range(0, targets.numel(), chunk):
-        args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk],
-                temperature, entropy)
-        if torch.is_grad_enabled():
-            logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
-        else:
-            logp, ent = _chunk_logprobs(*args)
-        logps.append(logp)
-        entropies.append(ent)
-    logp = _scattered(logps, batch.mask, hidden)
-    if entropy == "sum":
-        return logp, sum((ent.sum() for ent in entropies), torch.zeros((), device=hidden.device))
-    return logp, _scattered(entropies, batch.mask, hidden) if entropy == "tokens" else None
-
-
-def completion_hidden(model, batch: MicroBatch) -> torch.Tensor:
-    """The final normed hidden states [M, dim] that predict the M completion tokens of batch."""
-    hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
-    return hidden[:, batch.prompt_width - 1:-1][batch.mask]  # position t scores token t + 1
-
-
-def _chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
-    """hidden [M, dim], targets [M] -> (each target's log-prob [M] fp32, each position's entropy [M]
-    (with grad only for entropy="tokens") or None)."""
-    logits = lm_head(hidden).float()  # [M, V]
-    if temperature != 1:  # a division by 1 would copy the logits for nothing
-        logits = logits / temperature
-    log_z = logits.logsumexp(dim=-1)
-    chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    if entropy is None:
-        return chosen, None
-    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy == "tokens"):
-        return chosen, log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)
-
-
-def _scattered(pieces: list[torch.Tensor], mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The chunks' values [M] laid out on mask [b, N] (0 elsewhere), fp32."""
-    values = torch.cat(pieces) if pieces else like.new_zeros(0, dtype=torch.float32)
-    return torch.zeros(mask.shape, device=values.device).masked_scatter(mask, values)
-
-
-@torch.no_grad()
-def mark_high_entropy(policy, batches: list[MicroBatch], quantile: float, temperature: float,
-                      chunk: int, autocast):
-    """top_entropy_quantile (Wang et al. 2025, "Beyond the 80/20 rule", arXiv:2506.01939): each
-    micro-batch's policy_mask keeps the tokens of its loss_mask whose entropy under the policy lies
-    in the top `quantile` of the whole step's loss tokens (every rank's; torch.quantile's linear
-    interpolation, as TRL's). One no-grad forward of the step; the tokens are chosen once, before
-    the first of the mu updates."""
-    entropies = []
-    for batch in batches:
-        with autocast:
-            entropies.append(completion_logprobs(policy, batch, temperature, chunk, "tokens")[1])
-    values = torch.cat([e[b.loss_mask] for e, b in zip(entropies, batches)]).cpu()  # [M]
-    threshold = entropy_floor(torch.cat(from_every_rank(values)), quantile)
-    for entropy, batch in zip(entropies, batches):
-        batch.policy_mask = batch.loss_mask & (entropy >= threshold)
-
-
-def entropy_floor(values: torch.Tensor, quantile: float):
-    """The entropy at or above which the top `quantile` of values [M] lie (torch.quantile's linear
-    interpolation, as TRL's); inf when there are none."""
-    return torch.quantile(values.float(), 1 - quantile) if values.numel() else math.inf
-
-
-# -----------------------------------------------------------------------------
-# advantages
-
-
-def advantages_of(samples, batches: list[MicroBatch], cfg) -> torch.Tensor:
-    """The advantages of a step's samples (rollout.Samples): [B] per completion, group_advantages
-    of the rewards (with k1_reward less beta times each sequence's log-ratio to the reference); or
-    [B, T] per token (process_supervised)."""
+def advantages_of(samples, batches, cfg) -> tuple[torch.Tensor, dict]:
+    """The advantages of a step's samples (rollout.Samples) and what to log of them: [B] per
+    completion, group_advantages of the rewards (with k1_reward less beta times each sequence's
+    log-ratio to the reference; normalize_then_sum: GDPO's, from each reward's own); or [B, T]
+    per token (process_supervised). The stats: advantage_stats, over every rank's."""
     rewards = torch.tensor(samples.rewards)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp,
                                   len(rewards))
         rewards = kl_penalized_rewards(rewards, log_ratio, cfg.beta)
-    every = torch.cat(from_every_rank(rewards))  # every rank's: scale "batch" reads them all
-    advantages = group_advantages(every, cfg.group_size, baseline=cfg.adv_baseline,
-                                  scale=reward_scale(cfg))
+    stats = {}
+    if cfg.multi_objective_aggregation == "normalize_then_sum":
+        components = {name: torch.cat(from_every_rank(torch.tensor(samples.components[name])))
+                      for name in cfg.reward_weights}
+        advantages, normalised = normalize_then_sum(components, cfg.reward_weights, cfg.group_size)
+        for name, values in normalised.items():
+            stats[f"adv_abs_mean_{name}"] = values.abs().mean().item()
+    else:
+        every = torch.cat(from_every_rank(rewards))  # every rank's: scale "batch" reads them all
+        advantages = group_advantages(every, cfg.group_size, baseline=cfg.adv_baseline,
+                                      scale=reward_scale(cfg))
     advantages = advantages.view(world_size(), -1)[rank()]  # this rank's rows
     if cfg.supervision != "outcome":
-        return process_supervised(advantages, samples, cfg)
-    return advantages
+        advantages = process_supervised(advantages, samples, cfg)
+    stats.update(advantage_stats(advantages, samples.lengths))
+    return advantages, stats
+
+
+def advantage_stats(advantages: torch.Tensor, lengths: list[int]) -> dict:
+    """What the step logs of its advantages, [B] per completion (or [B, T] per token, over each
+    completion's `lengths` tokens): their mean |A| and std, and the share of them that are 0 (a
+    group of equal rewards: no signal). This rank's (every rank's when they log alike)."""
+    if advantages.dim() == 2:  # per token: the completion tokens'
+        advantages = advantages[torch.arange(advantages.shape[1]) < torch.tensor(lengths)[:, None]]
+    return {"adv_abs_mean": advantages.abs().mean().item(),
+            "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+            "adv_zero_frac": (advantages == 0).float().mean().item()}
+
+
+def normalize_then_sum(components: dict, weights: dict, group_size: int, eps=1e-6):
+    """GDPO (arXiv:2601.05242; TRL's multi_objective_aggregation="normalize_then_sum"): each reward
+    components[name] [B] normalised within its group (group_advantages: mean baseline, group std),
+    summed by weights[name], the sum then normalised over the batch, (s - mean) / (std + eps), so
+    that a reward with a small spread is not drowned by one with a large spread. -> advantages [B],
+    {name: its normalised reward [B]}."""
+    normalised = {name: group_advantages(values, group_size, eps=eps)
+                  for name, values in components.items()}
+    total = sum(weights[name] * values for name, values in normalised.items())  # [B]
+    return (total - total.mean()) / (total.std() + eps), normalised
 
 
 def process_supervised(advantages, samples, cfg) -> torch.Tensor:
@@ -240,7 +125,7 @@ def reward_scale(cfg) -> str:
                                                                       cfg.scale_rewards)
 
 
-def sequence_sums(batches: list[MicroBatch], values, n: int) -> torch.Tensor:
+def sequence_sums(batches, values, n: int) -> torch.Tensor:
     """[n] (on the CPU): each row's sum over its completion tokens of values(batch) [b, N]."""
     sums = torch.zeros(n)
     for batch in batches:
@@ -351,44 +236,23 @@ def process_advantages(claim_rewards, claim_ends, group_size, seq_len, claim_mas
                         normalised.view(claim_rewards.shape))
     return at_end.flip(1).cumsum(1).flip(1)
 
-
-def gae_advantages(critic, samples, batches: list[MicroBatch], cfg, autocast) -> dict:
-    """PPO's advantages and returns [B, T] (method="ppo", as verl and InstructGPT compute them), set
-    as each micro-batch's rows, after the critic's values (add_values); returns the stats. Each
-    completion's reward at its last token, less beta times each token's log-ratio to the reference
-    with kl_estimator="k1_reward" (token_rewards); GAE on the critic's values (gae); the advantages
-    whitened over the step's tokens (whitened). The stats: what the values explain of the returns
-    (explained_variance), returns_mean, values_mean. One process (config.validate)."""
-    add_values(critic, batches, autocast)
-    width = max(samples.lengths)
-    mask = per_row(batches, lambda batch: batch.mask, width)  # [B, T]
-    values = per_row(batches, lambda batch: batch.values, width)
-    log_ratio = None
-    if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:  # per token, in the rewards
-        log_ratio = per_row(batches, lambda batch: batch.sampler_logp - batch.ref_logp, width)
-    rewards = token_rewards(torch.tensor(samples.rewards), mask, log_ratio, cfg.beta)
-    advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
-
-    def mean(x):
-        return (x * mask).sum() / mask.sum()
-
-    def variance(x):  # unbiased, over the step's tokens
-        return mean((x - mean(x)) ** 2) * mask.sum() / (mask.sum() - 1).clamp(min=1)
-    stats = {"explained_variance": 1 - variance(returns - values) / (variance(returns) + 1e-5),
-             "returns_mean": mean(returns), "values_mean": mean(values)}
-    set_rows(batches, "advantages", whitened(advantages, mask))
-    set_rows(batches, "returns", returns)
-    return {key: value.item() for key, value in stats.items()}
+# -----------------------------------------------------------------------------
+# PPO's critic (method="ppo"): GAE on its values instead of the group baseline, and its clipped
+# value loss; update.py runs them (gae_advantages, critic_update)
 
 
-def per_row(batches: list[MicroBatch], values, width: int) -> torch.Tensor:
-    """[B, width] float32 (on the CPU), row i holding values(batch) [b, N] of the micro-batch that
-    holds step row i; 0 past its N columns."""
-    n = sum(len(batch.rows) for batch in batches)
-    out = torch.zeros(n, width)
-    for batch in batches:
-        out[batch.rows, :batch.mask.shape[1]] = values(batch).float().cpu()
-    return out
+@dataclass
+class CriticSettings:
+    """PPO's (verl's names): a critic of the policy's shape, from its weights, a value head at zero;
+    the KL to the reference in the loss (k3, k3_is, k2) or per token in the rewards (k1_reward,
+    PPO-RLHF's); group_size 1 is classic PPO. GRPO leaves them at their defaults."""
+    gamma: float = setting(1.0, "GAE's discount (verl's default)", PROBABILITY)
+    lam: float = setting(1.0, "GAE's lambda (verl's default)", PROBABILITY)
+    cliprange_value: float = setting(0.5, "the value loss's clip around the critic's old values",
+                                     POSITIVE)
+    critic_lr: float | None = setting(None, "the critic's own AdamW learning rate; None: 10 x lr, "
+                                      "as verl's defaults (1e-5 to the actor's 1e-6)",
+                                      optional(POSITIVE))
 
 
 def token_rewards(rewards, mask, log_ratio=None, beta: float = 0.0) -> torch.Tensor:
@@ -432,113 +296,6 @@ def whitened(x, mask) -> torch.Tensor:
     return (x - mean) * torch.rsqrt(variance + 1e-8)
 
 
-def set_rows(batches: list[MicroBatch], field: str, values: torch.Tensor):
-    """values of the step's rows ("advantages", "returns"): [B] (one per completion) or [B, T] (per
-    token, T >= the longest completion), in the step's row order: each micro-batch takes its rows
-    and, per token, its own N completion columns, as its `field`."""
-    for batch in batches:
-        rows = values[batch.rows]
-        if values.dim() == 2:  # per token: this micro-batch's N completion columns
-            rows = rows[:, :batch.mask.shape[1]]
-        setattr(batch, field, rows.to(batch.ids.device))
-
-
-# -----------------------------------------------------------------------------
-# the update: mu optimizer steps on the loss over every micro-batch
-
-
-def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
-    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
-    return lr * min(1.0, step / max(1, warmup_steps))
-
-
-def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, autocast,
-           ddp=None) -> dict[str, float]:
-    """cfg.mu optimizer steps on `loss` (the run's Loss) over the step's micro-batches; returns the
-    stats, each the mean over the mu steps (loss, grad_norm, the loss's measures), and GAP_STATS
-    from the first. ddp: the wrapper the loss runs through under torchrun."""
-    stats = {}
-    gap = {}
-    for epoch_index in range(cfg.mu):
-        epoch = policy_gradient(ddp or policy, batches, loss, cfg, autocast,
-                                measure_gap=epoch_index == 0)
-        gap.update({key: epoch.pop(key) for key in GAP_STATS if key in epoch})
-        norm = optimizer_step(policy, optimizer, lr, cfg.grad_clip, loss=epoch["loss"])
-        epoch["grad_norm"] = whole(norm)
-        stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
-    stats.update(gap)
-    values = torch.stack(list(stats.values())).tolist()  # one host sync for all of them
-    return dict(zip(stats, values))
-
-
-def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
-                    measure_gap: bool = False) -> dict:
-    """Forward and backward of `loss` over every micro-batch with the whole batch's normalisers
-    (every rank's under torchrun): the gradients add up to the whole batch's, the stats (0-d
-    tensors, no host sync) to its means over the completion tokens. measure_gap: also GAP_STATS
-    (sampler_gap)."""
-    sizes = batch_sizes(batches, cfg.max_new_tokens)
-    totals = {}
-    gap_max = torch.zeros((), device=sizes.scored.device)
-    for i, batch in enumerate(batches):
-        with accumulating(policy, last=i == len(batches) - 1):  # DDP syncs in the last backward
-            with autocast:
-                logp, entropy = completion_logprobs(policy, batch, cfg.temperature,
-                                                    cfg.logprob_chunk, loss.entropy)
-            value, stats = loss(terms_of(batch, logp, entropy), sizes)
-            # DDP and FSDP2 average the ranks' gradients; whole-batch normalisers make it a sum
-            (value * world_size()).backward()
-        if measure_gap:
-            gap, batch_max = sampler_gap(logp, batch, sizes.scored)
-            stats = {**stats, **gap}
-            gap_max = torch.maximum(gap_max, batch_max)
-        for key, value in {"loss": value.detach(), **stats}.items():
-            totals[key] = totals.get(key, 0) + value
-    sums = summed_over_ranks(torch.stack(list(totals.values())))
-    totals = dict(zip(totals, sums))
-    if measure_gap:
-        totals["logprob_gap_max"] = max_over_ranks(gap_max)
-    return totals
-
-
-@torch.no_grad()
-def add_values(critic, batches: list[MicroBatch], autocast):
-    """Fill each micro-batch's `values` with the critic's (completion_values) before the update: the
-    V of GAE and the V_old the value loss clips around."""
-    for batch in batches:
-        with autocast:
-            batch.values = completion_values(critic, batch)
-
-
-def completion_values(critic, batch: MicroBatch) -> torch.Tensor:
-    """The critic's values [b, N] fp32 (0 off the mask): its scalar head on the hidden state that
-    predicts each completion token, the value of the prefix before it."""
-    values = critic.value_head(completion_hidden(critic.body, batch)).squeeze(-1).float()  # [M]
-    return torch.zeros(batch.mask.shape, device=values.device).masked_scatter(batch.mask, values)
-
-
-def critic_update(critic, optimizer, batches: list[MicroBatch], cfg, lr: float, autocast) -> dict:
-    """cfg.mu optimizer steps of PPO's critic on value_loss over the step's micro-batches (the whole
-    step's token count the normaliser); returns value_loss and value_clip_frac (means over the mu
-    steps) and critic_grad_norm."""
-    tokens = sum(batch.loss_mask.sum() for batch in batches).clamp(min=1)
-    stats = {}
-    for _ in range(cfg.mu):
-        totals = {}
-        for batch in batches:
-            with autocast:
-                values = completion_values(critic, batch)
-            loss, clipped = value_loss(values, batch.values, batch.returns, batch.loss_mask.float(),
-                                       tokens, cfg.cliprange_value)
-            loss.backward()
-            for key, value in (("value_loss", loss.detach()), ("value_clip_frac", clipped)):
-                totals[key] = totals.get(key, 0) + value
-        totals["critic_grad_norm"] = optimizer_step(critic, optimizer, lr, cfg.grad_clip,
-                                                    loss=totals["value_loss"])
-        stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in totals.items()}
-    return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-
-
 def value_loss(values, old_values, returns, mask, num_tokens, cliprange: float):
     """PPO's clipped value loss (verl's compute_value_loss, token-mean): 0.5 sum_t max((V - R)^2,
     (clip(V, V_old - c, V_old + c) - R)^2) / num_tokens, over mask [b, N]; and the share of tokens
@@ -550,6 +307,87 @@ def value_loss(values, old_values, returns, mask, num_tokens, cliprange: float):
     return loss, ((clipped_loss > unclipped_loss) * mask).sum().detach() / num_tokens
 
 
+# -----------------------------------------------------------------------------
+# the loss: built once from its settings (loss_of) out of named parts, one table per kind; each part
+# is a short function of a micro-batch's Terms, its settings bound when the loss is built, and the
+# step runs only the parts chosen. A part that measures returns sums over the completion tokens
+# (summed), logged as their means. A new variant: its settings below, a function and its entry in a
+# table, its settings bound in loss_of. A part that keeps state from one optimizer step to the next
+# is an object with after_step, state_dict and load_state_dict (AdaptiveEntropy); the checkpoint
+# keeps its state.
+
+
+@dataclass
+class LossSettings:
+    """The loss's settings, named as TRL's GRPOConfig names them where it has them (its
+    vllm_importance_sampling_* without the prefix; its loss_type is policy_loss and loss_agg here),
+    each switch off by default."""
+    clip_eps: float = setting(0.2, "the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] "
+                              "(PPO's, DeepSeekMath's 0.2)", within(0, 1))
+    clip_eps_high: float | None = setting(None, "None: clip_eps; larger for DAPO's clip-higher "
+                                          "(0.28)", optional(AT_LEAST_0))
+    delta: float | None = setting(None, "INTELLECT-2's cap of the ratio above the clip, which "
+                                  "bounds a negative advantage's term", optional(AT_LEAST_1),
+                                  switch=True)
+    policy_loss: str = setting("clip", "the policy term (POLICY_LOSSES): clip (PPO's, GRPO's), "
+                               "cispo (MiniMax-M1), sapo (a soft gate), vespo (a Gamma-shaped "
+                               "sequence weight)", one_of(("clip", "cispo", "sapo", "vespo")),
+                               switch=True)
+    sapo_temperature_pos: float = setting(1.0, "SAPO's tau where the advantage is > 0", POSITIVE)
+    sapo_temperature_neg: float = setting(1.05, "SAPO's tau where the advantage is <= 0", POSITIVE)
+    vespo_k_pos: float = setting(2.0, "VESPO's power k where the advantage is >= 0", AT_LEAST_0)
+    vespo_lambda_pos: float = setting(3.0, "VESPO's decay lambda where the advantage is >= 0",
+                                      AT_LEAST_0)
+    vespo_k_neg: float = setting(3.0, "VESPO's power k where the advantage is < 0", AT_LEAST_0)
+    vespo_lambda_neg: float = setting(2.0, "VESPO's decay lambda where the advantage is < 0",
+                                      AT_LEAST_0)
+    beta: float = setting(0.04, "the KL weight; 0: no reference model at all", AT_LEAST_0)
+    kl_estimator: str = setting("k3", "KL_ESTIMATORS: k3 (DeepSeekMath's), k3_is, k2, or "
+                                "k1_reward (in the rewards)", one_of(("k3", "k3_is", "k2",
+                                                                      "k1_reward")))
+    loss_agg: str = setting("seq_mean", "LOSS_AGGS: seq_mean (GRPO), token_mean (DAPO), constant "
+                            "(Dr. GRPO, / max_new_tokens), luspo (each completion's sum)",
+                            one_of(("seq_mean", "token_mean", "constant", "luspo")))
+    importance_sampling_level: str = setting(
+        "token", "token (a ratio per token) or sequence (GSPO, arXiv:2507.18071: the geometric "
+        "mean of its tokens'; it clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4)",
+        one_of(("token", "sequence")))
+    importance_sampling_correction: bool = setting(
+        False, "the sampler correction (Yao et al. 2025): each token's policy term weighed by "
+        "pi_old / pi_sampler, bounded, no grad (TRL's is on by default)", switch=True)
+    importance_sampling_mode: str = setting(
+        "sequence_mask", "the correction's ratio and bound: token_truncate, token_mask, "
+        "sequence_truncate or sequence_mask (one ratio per completion)",
+        one_of(("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")))
+    importance_sampling_clip_max: float | None = setting(3.0, "the correction's upper bound",
+                                                         optional(AT_LEAST_1))
+    importance_sampling_clip_min: float | None = setting(None, "the correction's lower bound",
+                                                         optional(PROBABILITY))
+    tis_cap: float | None = setting(None, "C: the correction, token_truncate at C (this repo's "
+                                    "name before TRL's)", optional(AT_LEAST_1), switch=True)
+    off_policy_mask_threshold: float | None = setting(
+        None, "DeepSeek-V3.2: a completion with A < 0 whose mean log(pi_sampler / pi_theta) "
+        "passes this leaves the policy term (0.5, say)", optional(AT_LEAST_0), switch=True)
+    top_entropy_quantile: float = setting(
+        1.0, "only this top share of the step's tokens by entropy carries the policy gradient "
+        "(arXiv:2506.01939: 0.2)", PROBABILITY, switch=True)
+    entropy_coef: float = setting(
+        0.0, "an entropy bonus: the loss less this times the tokens' mean entropy (TRL's); "
+        "adaptive: its start", AT_LEAST_0, switch=True)
+    use_adaptive_entropy: bool = setting(
+        False, "Skywork-OR1 (arXiv:2505.22312): after each optimizer step the coefficient "
+        "climbs by entropy_coef_delta while the entropy is at most entropy_target, else falls; "
+        "applied only then", switch=True)
+    entropy_coef_min: float = setting(0.0, "the adaptive coefficient's floor", AT_LEAST_0)
+    entropy_coef_max: float = setting(1.0, "the adaptive coefficient's ceiling", AT_LEAST_0)
+    entropy_coef_delta: float = setting(0.005, "the adaptive coefficient's step", AT_LEAST_0)
+    entropy_target: float = setting(0.2, "the mean token entropy (nats) the adaptive coefficient "
+                                    "holds the policy at or above", AT_LEAST_0)
+    mask_truncated_completions: bool = setting(
+        False, "DAPO: completions cut at max_new_tokens leave the loss (not their group's "
+        "advantages)", switch=True)
+
+
 @dataclass
 class Sizes:
     """A step's counts over every micro-batch and rank (0-d tensors, each at least 1): the loss's
@@ -559,15 +397,6 @@ class Sizes:
     policy_tokens: torch.Tensor  # tokens whose policy term counts (policy_mask)
     scored: torch.Tensor  # completion tokens (mask), over which the measures average
     width: int  # max_new_tokens: Dr. GRPO's constant
-
-
-def batch_sizes(batches: list[MicroBatch], width: int) -> Sizes:
-    """The step's Sizes (every rank's under torchrun: a collective)."""
-    counts = torch.stack([sum(b.loss_mask.any(dim=1).sum() for b in batches),
-                          sum(b.loss_mask.sum() for b in batches),
-                          sum(b.policy_mask.sum() for b in batches),
-                          sum(b.mask.sum() for b in batches)])
-    return Sizes(*summed_over_ranks(counts).clamp(min=1), width)
 
 
 @dataclass
@@ -588,7 +417,7 @@ class Terms:
     ratio: torch.Tensor | None = None  # the importance ratio: the loss's ratio part sets it
 
 
-def terms_of(batch: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None) -> Terms:
+def terms_of(batch, logp: torch.Tensor, entropy: torch.Tensor | None) -> Terms:
     """The Terms of a micro-batch whose completion tokens have log-probs logp [b, N] (with grad)."""
     old_logp = logp.detach() if batch.old_logp is None else batch.old_logp
     log_ratio = logp - old_logp  # [b, N]
@@ -598,24 +427,6 @@ def terms_of(batch: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None
     return Terms(logp, old_logp, log_ratio, torch.exp(log_ratio), advantages, batch.mask.float(),
                  batch.loss_mask.float(), batch.policy_mask, batch.ref_logp, batch.sampler_logp,
                  entropy)
-
-
-@torch.no_grad()
-def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, torch.Tensor]:
-    """How far the trainer's log-probs logp [b, N] of the sampled tokens lie from the sampler's:
-    this micro-batch's share of {"logprob_gap": mean |trainer - sampler|, "sampler_ratio": mean
-    exp(trainer - sampler)} over n_tok tokens, and its max |trainer - sampler| (0-d)."""
-    diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
-    shares = {"logprob_gap": diff.abs().sum() / n_tok,
-              "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok}
-    return shares, diff.abs().max()
-
-
-# -----------------------------------------------------------------------------
-# the loss: built once from the config (loss_of) out of named parts, one table per kind; each part
-# is a short function of a micro-batch's Terms, its settings bound when the loss is built, and the
-# step runs only the parts chosen. A part that measures returns sums over the completion tokens
-# (summed), logged as their means. A new variant: a function and its entry in a table.
 
 
 @dataclass
@@ -632,6 +443,7 @@ class Loss:
     aggregate: typing.Callable  # LOSS_AGGS'
     bonuses: list  # the entropy bonus's
     measures: list  # what only measures: the entropy; the KL when it is in the rewards
+    top_entropy_quantile: float = 1.0  # < 1: the step marks its high-entropy tokens first
 
     def __call__(self, x: Terms, sizes: Sizes) -> tuple[torch.Tensor, dict]:
         x.ratio = self.ratio(x)  # [b, N]: the one ratio every part reads
@@ -651,6 +463,28 @@ class Loss:
         for part in self.measures:
             sums.update(part(x))
         return loss, {key: value / sizes.scored for key, value in sums.items()}
+
+    def stateful(self) -> list:
+        """The parts that keep state from one optimizer step to the next."""
+        parts = [self.ratio, self.policy, *self.weights, *self.penalties, self.aggregate,
+                 *self.bonuses, *self.measures]
+        return [part for part in parts if hasattr(part, "after_step")]
+
+    def after_step(self) -> dict:
+        """Called by the update after each optimizer step: each part that keeps state updates it;
+        -> what they log."""
+        logged = {}
+        for part in self.stateful():
+            logged.update(part.after_step())
+        return logged
+
+    def state_dict(self) -> dict:
+        """The stateful parts' state, by class name: the checkpoint keeps it."""
+        return {type(part).__name__: part.state_dict() for part in self.stateful()}
+
+    def load_state_dict(self, state: dict):
+        for part in self.stateful():
+            part.load_state_dict(state[type(part).__name__])
 
 
 def summed(x: Terms, value: torch.Tensor) -> torch.Tensor:
@@ -716,7 +550,23 @@ def sapo(x: Terms, positive: float, negative: float) -> tuple[torch.Tensor, dict
     return -(gate * 4 / tau) * x.advantages, {"sapo_gate_mean": summed(x, 4 * gate * (1 - gate))}
 
 
-POLICY_LOSSES = {"clip": clip, "cispo": cispo, "sapo": sapo}
+def vespo(x: Terms, k_pos: float, lambda_pos: float, k_neg: float,
+          lambda_neg: float) -> tuple[torch.Tensor, dict]:
+    """VESPO (arXiv:2602.10693): no clip; each completion's tokens weigh A log pi_theta by
+    phi(w) = e^lam w^k e^(-lam w) (1 at w = 1, no grad), a Gamma-shaped weight of its sequence
+    ratio w = prod_t pi_theta / pi_old that fades both ways off-policy; k and lam by the sign of A
+    (k_pos, lambda_pos where A >= 0). As TRL's: each token's log-ratio clamped to +-20, log w to
+    [log 1e-8, 20]. Measures vespo_phi_mean."""
+    log_w = (x.log_ratio.clamp(-20, 20) * x.scored).sum(dim=1, keepdim=True)  # [b, 1]
+    log_w = log_w.clamp(math.log(1e-8), 20).detach()
+    positive = x.advantages >= 0  # [b, 1] or [b, N]
+    k = torch.where(positive, k_pos, k_neg)
+    lam = torch.where(positive, lambda_pos, lambda_neg).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(0.0, 0.0, 0.0)
+    return -phi * x.advantages * x.logp, {"vespo_phi_mean": summed(x, phi.expand_as(x.logp))}
+
+
+POLICY_LOSSES = {"clip": clip, "cispo": cispo, "sapo": sapo, "vespo": vespo}
 
 # the policy term's weights, no grad: masks (which tokens carry the policy gradient; the KL still
 # applies to them) and the sampler correction
@@ -825,6 +675,41 @@ def entropy_bonus(x: Terms, sizes: Sizes, coef: float) -> torch.Tensor:
     return coef * (x.entropy * x.policy_mask).sum() / sizes.policy_tokens
 
 
+class AdaptiveEntropy:
+    """The entropy bonus with a coefficient that keeps state (Skywork-OR1, arXiv:2505.22312, as
+    TRL's use_adaptive_entropy): the loss less coef times the mean entropy of the tokens whose
+    policy term counts, applied only while the last optimizer step's entropy was at most target
+    (none before the first); after each optimizer step (after_step) coef climbs by delta if that
+    step's entropy was at most target, else falls by delta, within [low, high]."""
+
+    def __init__(self, coef: float, low: float, high: float, delta: float, target: float):
+        self.coef, self.low, self.high, self.delta, self.target = coef, low, high, delta, target
+        self.last_entropy = math.inf  # the previous optimizer step's, every rank's
+        self.sums = torch.zeros(2)  # this optimizer step's entropy sum and token count so far
+
+    def __call__(self, x: Terms, sizes: Sizes) -> torch.Tensor:
+        on = x.policy_mask
+        self.sums = self.sums.to(x.logp.device) + torch.stack([
+            (x.entropy.detach() * on).sum(), on.sum().float()])
+        coef = self.coef if self.last_entropy <= self.target else 0.0
+        return coef * (x.entropy * on).sum() / sizes.policy_tokens
+
+    def after_step(self) -> dict:
+        """The step's entropy (every rank's) moves the coefficient; -> {"entropy_coef": it}."""
+        total, count = summed_over_ranks(self.sums).tolist()
+        self.last_entropy = total / max(count, 1.0)
+        step = self.delta if self.last_entropy <= self.target else -self.delta
+        self.coef = min(max(self.coef + step, self.low), self.high)
+        self.sums = torch.zeros(2)
+        return {"entropy_coef": self.coef}
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict):
+        self.coef, self.last_entropy = state["coef"], state["last_entropy"]
+
+
 def policy_tokens(x: Terms) -> dict:
     """The policy_token_frac measure: the completion tokens whose policy term counts
     (top_entropy_quantile's and mask_truncated_completions' policy_mask)."""
@@ -860,54 +745,62 @@ def constant(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torc
     return (token_loss * mask).sum(dim=1).sum() / (sizes.width * sizes.sequences)
 
 
-LOSS_AGGS = {"seq_mean": seq_mean, "token_mean": token_mean, "constant": constant}
+def luspo(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
+    """LUSPO (arXiv:2602.05261): each completion's summed loss (GSPO's mean times its length, so
+    that long completions are not weighed down), averaged over the completions:
+    sum_i sum_t loss_it / N."""
+    return (token_loss * mask).sum(dim=1).sum() / sizes.sequences
+
+
+LOSS_AGGS = {"seq_mean": seq_mean, "token_mean": token_mean, "constant": constant,
+             "luspo": luspo}
 
 
 def loss_of(cfg) -> Loss:
-    """The Loss cfg's loss keys ask for (a TrainConfig, or any object with them), each part's
-    settings bound: built once at set-up (a name no table holds is a ValueError naming its key)."""
+    """The Loss cfg's loss settings ask for (a TrainConfig, a LossSettings, or any object with
+    them), each part's settings bound: built once at set-up."""
     high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    policy = chosen(POLICY_LOSSES, "policy_loss", cfg.policy_loss)
-    settings = {clip: dict(low=cfg.clip_eps, high=high), cispo: dict(high=high),  # each term's
-                sapo: dict(positive=cfg.sapo_temperature_pos, negative=cfg.sapo_temperature_neg)}
+    settings = {  # each policy term's
+        clip: dict(low=cfg.clip_eps, high=high), cispo: dict(high=high),
+        sapo: dict(positive=cfg.sapo_temperature_pos, negative=cfg.sapo_temperature_neg),
+        vespo: dict(k_pos=cfg.vespo_k_pos, lambda_pos=cfg.vespo_lambda_pos, k_neg=cfg.vespo_k_neg,
+                    lambda_neg=cfg.vespo_lambda_neg)}
+    policy = POLICY_LOSSES[cfg.policy_loss]
     policy = partial(policy, **settings[policy])
     if cfg.delta is not None:
         policy = partial(two_sided_clip, low=cfg.clip_eps, high=high, delta=cfg.delta)
     weights = []
-    if cfg.top_entropy_quantile < 1:
+    quantile = cfg.top_entropy_quantile
+    if quantile < 1:
         weights.append(high_entropy_only)
-    if cfg.off_policy_mask_threshold is not None:
-        weights.append(partial(off_policy_sequences, threshold=cfg.off_policy_mask_threshold))
+    threshold = cfg.off_policy_mask_threshold
+    if threshold is not None:
+        weights.append(partial(off_policy_sequences, threshold=threshold))
     correction = correction_mode(cfg)
     if correction is not None:
         mode, low, cap = correction
-        ratio_of, bound = chosen(IMPORTANCE_SAMPLING_MODES, "importance_sampling_mode", mode)
+        ratio_of, bound = IMPORTANCE_SAMPLING_MODES[mode]
         weights.append(partial(sampler_correction, ratio_of=ratio_of, bound=bound,
                                low=0.0 if low is None else low,
                                high=math.inf if cap is None else cap))
     penalties, measures, bonuses = [], [], []
-    estimator = chosen(KL_ESTIMATORS, "kl_estimator", cfg.kl_estimator)
+    estimator = KL_ESTIMATORS[cfg.kl_estimator]
     if cfg.beta > 0 and estimator is not None:
         penalties.append(partial(kl_penalty, beta=cfg.beta, estimator=estimator))
     elif cfg.beta > 0:
         measures.append(reference_kl)
-    if cfg.entropy_coef > 0:
-        bonuses.append(partial(entropy_bonus, coef=cfg.entropy_coef))
+    coef = cfg.entropy_coef
+    if cfg.use_adaptive_entropy:
+        bonuses.append(AdaptiveEntropy(coef, cfg.entropy_coef_min, cfg.entropy_coef_max,
+                                       cfg.entropy_coef_delta, cfg.entropy_target))
+    elif coef > 0:
+        bonuses.append(partial(entropy_bonus, coef=coef))
     measures.append(entropy_tokens if bonuses else entropy_sum)
-    if cfg.top_entropy_quantile < 1 or cfg.mask_truncated_completions:
+    if quantile < 1 or cfg.mask_truncated_completions:
         measures.append(policy_tokens)
-    ratio = chosen(IMPORTANCE_SAMPLING_LEVELS, "importance_sampling_level",
-                   cfg.importance_sampling_level)
-    aggregate = chosen(LOSS_AGGS, "loss_agg", cfg.loss_agg)
-    return Loss("tokens" if bonuses else "sum", ratio, policy, weights, penalties, aggregate,
-                bonuses, measures)
-
-
-def chosen(table, key: str, name: str):
-    """table[name], or a ValueError naming the config key and its choices."""
-    if name not in table:
-        raise ValueError(f"{key} must be one of {tuple(table)}, got {name!r}")
-    return table[name]
+    return Loss("tokens" if bonuses else "sum", IMPORTANCE_SAMPLING_LEVELS[
+        cfg.importance_sampling_level], policy, weights, penalties, LOSS_AGGS[cfg.loss_agg],
+        bonuses, measures, quantile)
 
 
 def correction_mode(cfg) -> tuple | None:
@@ -922,61 +815,51 @@ def correction_mode(cfg) -> tuple | None:
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, num_tokens=None,
-              constant_norm=None, sampler_logp=None, clip_eps=0.2, clip_eps_high=None, beta=0.04,
-              kl_estimator="k3", loss_agg="seq_mean", importance_sampling_level="token",
-              tis_cap=None, policy_loss="clip", delta=None, sapo_temperature_pos=1.0,
-              sapo_temperature_neg=1.05, importance_sampling_correction=False,
-              importance_sampling_mode="sequence_mask", importance_sampling_clip_max=3.0,
-              importance_sampling_clip_min=None, off_policy_mask_threshold=None,
-              top_entropy_quantile=1.0, entropy_coef=0.0, *, entropy=None, loss_mask=None):
+              constant_norm=None, sampler_logp=None, *, entropy=None, loss_mask=None,
+              loss_state=None, **settings):
     """The loss to minimise (= -J of DeepSeekMath) of one batch (or micro-batch) under these
     settings -> (loss, stats): loss_of's Loss in one call, for a caller outside a run (tests,
-    tools/bandit.py, tools/trl_parity.py). The settings after sampler_logp are the config keys of
-    the same names, with the same defaults (config.py says what each does).
+    tools/bandit.py). `settings`: any of LossSettings' fields as keywords (the config keys of the
+    same names, with the same defaults; mask_truncated_completions is loss_mask here), checked by
+    their rules.
 
     logp [B, T]: the sampled tokens' log-probs under the policy, with grad (padding finite: 0).
     old_logp [B, T] or None: under the sampling policy, no grad. None (mu = 1): logp.detach().
     ref_logp [B, T] or None: under the reference model; None only when beta == 0.
     advantages [B] (per sequence) or [B, T] (per token); mask [B, T]: completion tokens.
-    sampler_logp [B, T] or None: the sampler's own log-probs, read by the sampler correction
-        (tis_cap, importance_sampling_correction) and off_policy_mask_threshold.
-    entropy [B, T] or None: each token's entropy under the policy (with grad for entropy_coef),
-        read by entropy_coef and top_entropy_quantile (whose quantile is over this call's tokens).
+    sampler_logp [B, T] or None: the sampler's own log-probs, read by the sampler correction and
+        the off-policy mask.
+    entropy [B, T] or None: each token's entropy under the policy (with grad for a bonus), read by
+        the entropy bonus and the top-entropy mask (whose quantile is over this call's tokens).
     loss_mask [B, T] or None: the tokens in the loss (default: mask), e.g. without truncated
-        completions (mask_truncated_completions).
+        completions.
+    loss_state: the state of the loss's parts that keep it (Loss.state_dict), or None: new.
     num_sequences, num_tokens (of the loss mask), constant_norm default to this call's completions
     in the loss, loss tokens and T; under gradient accumulation pass the WHOLE batch's.
     stats (0-d, detached): sums over this call's tokens / their count (num_tokens when given),
     adding up to the batch's means: ratio_mean and each part's measures (kl, clip fractions, ...).
     """
-    if beta > 0 and ref_logp is None:
-        raise ValueError(f"beta={beta} needs ref_logp; pass beta=0 to train without a reference")
-    if entropy is None and (entropy_coef > 0 or top_entropy_quantile < 1):
-        raise ValueError("entropy_coef and top_entropy_quantile read each token's entropy: pass it")
-    reading = {"tis_cap": tis_cap is not None,
-               "importance_sampling_correction": importance_sampling_correction,
-               "off_policy_mask_threshold": off_policy_mask_threshold is not None}
-    if sampler_logp is None and any(reading.values()):
-        raise ValueError(f"{', '.join(k for k, on in reading.items() if on)} needs sampler_logp, "
-                         "the sampler's log-probs of the tokens")
-    settings = types.SimpleNamespace(
-        clip_eps=clip_eps, clip_eps_high=clip_eps_high, beta=beta, kl_estimator=kl_estimator,
-        loss_agg=loss_agg, importance_sampling_level=importance_sampling_level, tis_cap=tis_cap,
-        policy_loss=policy_loss, delta=delta, sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
-        importance_sampling_correction=importance_sampling_correction,
-        importance_sampling_mode=importance_sampling_mode,
-        importance_sampling_clip_max=importance_sampling_clip_max,
-        importance_sampling_clip_min=importance_sampling_clip_min,
-        off_policy_mask_threshold=off_policy_mask_threshold,
-        top_entropy_quantile=top_entropy_quantile, entropy_coef=entropy_coef,
-        mask_truncated_completions=loss_mask is not None)
-    loss = loss_of(settings)
+    cfg = LossSettings(**settings, mask_truncated_completions=loss_mask is not None)
+    check(cfg)  # each setting's rule
+    check_loss_settings(cfg)
+    loss = loss_of(cfg)
+    if loss_state is not None:
+        loss.load_state_dict(loss_state)
+    reads_sampler = [part for part in loss.weights if part is not high_entropy_only]
+    if cfg.beta > 0 and ref_logp is None:
+        raise ValueError(f"beta={cfg.beta} needs ref_logp; pass beta=0 to train without a "
+                         "reference")
+    if entropy is None and (loss.bonuses or loss.top_entropy_quantile < 1):
+        raise ValueError("the entropy bonus and the top-entropy mask read each token's entropy: "
+                         "pass it")
+    if sampler_logp is None and reads_sampler:
+        raise ValueError(f"{', '.join(part.func.__name__ for part in reads_sampler)} needs "
+                         "sampler_logp, the sampler's log-probs of the tokens")
     mask = mask.bool()
     loss_mask = mask if loss_mask is None else mask & loss_mask.bool()
     policy_mask = loss_mask
-    if top_entropy_quantile < 1:
-        floor = entropy_floor(entropy[loss_mask].detach(), top_entropy_quantile)
+    if loss.top_entropy_quantile < 1:
+        floor = entropy_floor(entropy[loss_mask].detach(), loss.top_entropy_quantile)
         policy_mask = loss_mask & (entropy.detach() >= floor)
     if entropy is None:  # nothing to measure it from
         loss.measures.remove(entropy_sum)
@@ -988,118 +871,58 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
                   policy_tokens=policy_mask.sum().clamp(min=1),
                   scored=mask.sum().clamp(min=1) if num_tokens is None else num_tokens,
                   width=logp.shape[1] if constant_norm is None else constant_norm)
-    batch = MicroBatch(ids=None, attention_mask=None, mask=mask, prompt_width=0, rows=[],
-                       loss_mask=loss_mask, policy_mask=policy_mask, advantages=advantages,
-                       old_logp=None if old_logp is None else old_logp.float(),
-                       ref_logp=None if ref_logp is None else ref_logp.float(),
-                       sampler_logp=None if sampler_logp is None else sampler_logp.float())
+    batch = types.SimpleNamespace(
+        mask=mask, loss_mask=loss_mask, policy_mask=policy_mask, advantages=advantages,
+        old_logp=None if old_logp is None else old_logp.float(),
+        ref_logp=None if ref_logp is None else ref_logp.float(),
+        sampler_logp=None if sampler_logp is None else sampler_logp.float())
     return loss(terms_of(batch, logp.float(), entropy), sizes)
 
 
-# -----------------------------------------------------------------------------
-# the optimizer: AdamW over fp32 master weights, the update every training step ends with (GRPO, the
-# warm start, the baselines)
-
-
-def optimizer_step(model, optimizer, lr: float, grad_clip: float,
-                   loss: torch.Tensor | None = None) -> torch.Tensor:
-    """The update every training step ends with: clip the global grad norm to grad_clip (0 = no
-    clipping), step, zero the grads; returns the norm before clipping. A non-finite norm or loss
-    raises FloatingPointError before the update, the weights kept (not_finite says why)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                          grad_clip if grad_clip > 0 else math.inf)
-    finite = torch.isfinite(norm) if loss is None else torch.isfinite(norm) & torch.isfinite(loss)
-    if not finite:  # one host sync per update: the price of never writing nan weights
-        optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError(not_finite(norm, loss))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
-
-
-def not_finite(norm: torch.Tensor, loss: torch.Tensor | None) -> str:
-    """What a non-finite gradient norm or loss says: which, and what likely made it."""
-    if loss is not None and not torch.isfinite(loss):
-        return (f"the loss is {loss.item()} (gradient norm {norm.item()}): a term of it is not "
-                "finite: an advantage (a reward function's nan or inf), a log-prob of -inf (the "
-                "trainer finds a sampled token impossible: a sampler with top_p or top_k, bf16 "
-                "logits) or a term that overflowed (lower lr, or grad_clip)")
-    if loss is not None:
-        return (f"gradient norm is {norm.item()} while the loss is finite ({loss.item():.4g}), so "
-                "the backward pass made it: weights grown too large can (lower lr or grad_clip), "
-                "and so can the attention backend or bf16 on CUDA (try dtype='float32')")
-    return f"gradient norm is {norm.item()}: lower lr or grad_clip"
-
-
-def configure_optimizer(model, lr: float, weight_decay: float = 0.0,
-                        betas=(0.9, 0.99)) -> torch.optim.AdamW:
-    """AdamW over model's trainable parameters; weight decay on matrices only (not norms, biases).
-    Keep the parameters fp32: plain bf16 AdamW rounds an update of lr 1e-6 away."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=params[0].is_cuda)
-
-
-def optimizer_updates(optimizer) -> int:
-    """How many updates the optimizer has taken (AdamW's step count; 0 before the first)."""
-    return next((int(state["step"]) for state in optimizer.state.values() if "step" in state), 0)
+def entropy_floor(values: torch.Tensor, quantile: float):
+    """The entropy at or above which the top `quantile` of values [M] lie (torch.quantile's linear
+    interpolation, as TRL's); inf when there are none."""
+    return torch.quantile(values.float(), 1 - quantile) if values.numel() else math.inf
 
 
 # -----------------------------------------------------------------------------
-# the settings, checked once when the config loads (config.validate)
+# the checks that span several settings, run once when the config loads (config.validate, after
+# each setting's own rule)
 
 
-def check_settings(cfg):
-    """A ValueError naming the knob unless cfg's loss settings (loss_of's keys) and advantage
-    settings (adv_baseline, scale_rewards / adv_scale with group_size, k1_reward's needs) are ones
-    grpo.py computes; run once, when the config loads."""
+def check_loss_settings(cfg):
+    """A ValueError naming the settings unless the loss's settings (LossSettings, each within its
+    rule) fit together."""
     high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    for key, table in (("loss_agg", LOSS_AGGS), ("kl_estimator", KL_ESTIMATORS),
-                       ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS),
-                       ("policy_loss", POLICY_LOSSES),
-                       ("importance_sampling_mode", IMPORTANCE_SAMPLING_MODES),
-                       ("scale_rewards", dict.fromkeys(("group", "batch", "none"))),
-                       ("adv_scale", dict.fromkeys(("std", "none")))):
-        chosen(table, key, getattr(cfg, key))
-    if not (0 <= cfg.clip_eps < 1 and high >= 0):
-        raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {cfg.clip_eps}, "
-                         f"{high}")
-    if not cfg.beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {cfg.beta}")
-    two_sided = cfg.policy_loss == "clip" and 1 + high < (cfg.delta or math.inf) < math.inf
-    if cfg.delta is not None and not two_sided:
+    if cfg.delta is not None and not (cfg.policy_loss == "clip" and cfg.delta > 1 + high):
         raise ValueError(f"delta caps PPO's ratio above the clip: it needs policy_loss='clip' and "
                          f"a number above 1 + clip_eps_high = {1 + high}, got {cfg.delta} with "
                          f"policy_loss={cfg.policy_loss!r}")
-    if not (0 < cfg.sapo_temperature_pos < math.inf and 0 < cfg.sapo_temperature_neg < math.inf):
-        raise ValueError("sapo_temperature_pos and sapo_temperature_neg must be finite numbers "
-                         f"> 0, got {cfg.sapo_temperature_pos}, {cfg.sapo_temperature_neg}")
-    if cfg.tis_cap is not None and not 1 <= cfg.tis_cap < math.inf:
-        raise ValueError("tis_cap must be None (off) or a number >= 1 (a cap below 1 would shrink "
-                         f"every on-policy token's weight), got {cfg.tis_cap}")
     if cfg.tis_cap is not None and cfg.importance_sampling_correction:
         raise ValueError("tis_cap=C is importance_sampling_correction=True with "
                          "importance_sampling_mode='token_truncate' and "
                          "importance_sampling_clip_max=C: set one or the other")
-    low, cap = cfg.importance_sampling_clip_min, cfg.importance_sampling_clip_max
-    if cfg.importance_sampling_correction and not ((cap is None or 1 <= cap < math.inf)
-                                                   and (low is None or 0 <= low <= 1)
-                                                   and (low, cap) != (None, None)):
-        raise ValueError("importance_sampling_correction bounds the ratio pi_old / pi_sampler, 1 "
-                         "on-policy: it needs importance_sampling_clip_max None or a number >= 1, "
-                         "importance_sampling_clip_min None or in [0, 1], not both None; got "
-                         f"{cap}, {low}")
-    threshold = cfg.off_policy_mask_threshold
-    if threshold is not None and not 0 <= threshold < math.inf:
-        raise ValueError("off_policy_mask_threshold must be None (off) or a finite number >= 0 (a "
-                         f"mean log-ratio), got {threshold}")
-    if not 0 <= cfg.top_entropy_quantile <= 1:
-        raise ValueError(f"top_entropy_quantile must lie in [0, 1], got {cfg.top_entropy_quantile}")
-    if not 0 <= cfg.entropy_coef < math.inf:
-        raise ValueError(f"entropy_coef must be a finite number >= 0, got {cfg.entropy_coef}")
+    bounds = (cfg.importance_sampling_clip_min, cfg.importance_sampling_clip_max)
+    if cfg.importance_sampling_correction and bounds == (None, None):
+        raise ValueError("importance_sampling_correction bounds the ratio pi_old / pi_sampler: "
+                         "importance_sampling_clip_min and importance_sampling_clip_max are both "
+                         "None")
+    if cfg.policy_loss == "vespo" and (cfg.importance_sampling_level != "token"
+                                       or correction_mode(cfg) is not None):
+        raise ValueError("policy_loss='vespo' weighs each completion by its own sequence ratio: "
+                         "it needs importance_sampling_level='token' and no sampler correction "
+                         "(TRL folds a token-level correction into the weight; this repo does "
+                         "not)")
+    if not cfg.entropy_coef_min <= cfg.entropy_coef_max:
+        raise ValueError(f"entropy_coef_min={cfg.entropy_coef_min} is above "
+                         f"entropy_coef_max={cfg.entropy_coef_max}")
+
+
+def check_settings(cfg):
+    """A ValueError naming the settings unless cfg's loss settings fit together
+    (check_loss_settings), its advantage settings suit its method and group size, and a method
+    without GRPO's loss leaves every switch off."""
+    check_loss_settings(cfg)
     if cfg.adv_scale == "none" and cfg.scale_rewards == "batch":
         raise ValueError("adv_scale='none' (no std) and scale_rewards='batch' (the batch's std) "
                          "disagree; adv_scale is scale_rewards' older name: set scale_rewards "
@@ -1108,7 +931,8 @@ def check_settings(cfg):
         check_ppo_settings(cfg)
     else:
         check_group_settings(cfg)
-    switched = [key for key, off in SWITCHES_OFF.items() if getattr(cfg, key) != off]
+    switched = [key for key, off in defaults(LossSettings, switches=True).items()
+                if getattr(cfg, key) != off]
     if cfg.method not in ("grpo", "ppo") and switched:
         raise ValueError(f"{', '.join(switched)} shape GRPO's loss; method={cfg.method!r} trains "
                          "without it")
@@ -1116,7 +940,8 @@ def check_settings(cfg):
 
 def check_group_settings(cfg):
     """GRPO's advantage settings: a baseline and scale group_advantages computes for this group
-    size, k1_reward's needs (the penalty lives in the outcome advantages), none of PPO's keys."""
+    size, k1_reward's needs (the penalty lives in the outcome advantages), GDPO's (each reward
+    normalised alone: no shaping of the total, GRPO's baseline and std), none of PPO's keys."""
     check_advantage_settings(cfg.adv_baseline, reward_scale(cfg), cfg.group_size)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         if cfg.supervision == "process":
@@ -1129,41 +954,34 @@ def check_group_settings(cfg):
                              "divides beta back out and the KL alone gets unit-sized advantages; "
                              "set scale_rewards='none' (Dr. GRPO), or keep a std with a "
                              "loss-side estimator (k3_is)")
-    changed = [key for key, default in PPO_DEFAULTS.items() if getattr(cfg, key) != default]
-    if changed:
-        raise ValueError(f"{', '.join(changed)}: PPO's (method='ppo'); method={cfg.method!r} has "
-                         "no critic")
+    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"
+    others = [key for key in changed(AdvantageSettings, cfg)
+              if key != "multi_objective_aggregation"]
+    shaped = cfg.random_reward or cfg.overlong_buffer_len or cfg.supervision != "outcome"
+    if gdpo and (others or shaped or cfg.kl_estimator == "k1_reward"):
+        raise ValueError("multi_objective_aggregation='normalize_then_sum' (GDPO) normalises each "
+                         "reward in its group, then their weighted sum over the batch: it takes "
+                         "no other advantage setting, no shaping of the total (random_reward, "
+                         "overlong_buffer_len, k1_reward) and supervision='outcome'; got "
+                         f"{others}, random_reward={cfg.random_reward}, overlong_buffer_len="
+                         f"{cfg.overlong_buffer_len}, kl_estimator={cfg.kl_estimator!r}, "
+                         f"supervision={cfg.supervision!r}")
+    if changed(CriticSettings, cfg):
+        raise ValueError(f"{', '.join(changed(CriticSettings, cfg))}: PPO's (method='ppo'); "
+                         f"method={cfg.method!r} has no critic")
 
 
 def check_ppo_settings(cfg):
-    """PPO's settings: GAE's gamma and lam in [0, 1], a positive value clip and critic learning
-    rate, outcome rewards, no LoRA (the critic copies the whole policy), and none of GRPO's
-    advantage settings, which GAE replaces (one process: config.validate)."""
-    if not (0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1):
-        raise ValueError(f"gamma and lam must lie in [0, 1], got {cfg.gamma}, {cfg.lam}")
-    if not 0 < cfg.cliprange_value < math.inf:
-        raise ValueError(f"cliprange_value must be a finite number > 0, got {cfg.cliprange_value}")
-    if cfg.critic_lr is not None and not 0 < cfg.critic_lr < math.inf:
-        raise ValueError(f"critic_lr must be None (lr) or a finite number > 0, got {cfg.critic_lr}")
-    grouped = {key: getattr(cfg, key) for key, default in GROUP_DEFAULTS.items()
-               if getattr(cfg, key) != default}
-    if grouped:
-        raise ValueError(f"{grouped} shape GRPO's group advantages; method='ppo' computes GAE on "
-                         "its critic's values instead")
+    """PPO's settings: outcome rewards, no LoRA (the critic copies the whole policy), and none of
+    GRPO's advantage settings, which GAE replaces (one process: config.validate)."""
+    if changed(AdvantageSettings, cfg):
+        raise ValueError(f"{', '.join(changed(AdvantageSettings, cfg))} shape GRPO's group "
+                         "advantages; method='ppo' computes GAE on its critic's values instead")
     if cfg.supervision != "outcome" or cfg.lora_rank or cfg.dynamic_sampling:
         raise ValueError("method='ppo' needs supervision='outcome', no LoRA (its critic is a whole "
                          "copy of the policy) and no dynamic_sampling; got "
                          f"{cfg.supervision!r}, lora_rank={cfg.lora_rank}, "
                          f"dynamic_sampling={cfg.dynamic_sampling}")
-
-
-# GRPO's advantage keys, and PPO's, with their defaults: what the other method must leave alone
-GROUP_DEFAULTS = {"adv_baseline": "mean", "scale_rewards": "group", "adv_scale": "std"}
-PPO_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "cliprange_value": 0.5, "critic_lr": None}
-# the loss's switches, each off: what only method="grpo" and "ppo" read
-SWITCHES_OFF = {"policy_loss": "clip", "delta": None, "importance_sampling_correction": False,
-                "tis_cap": None, "off_policy_mask_threshold": None, "top_entropy_quantile": 1.0,
-                "entropy_coef": 0.0, "mask_truncated_completions": False}
 
 
 def check_advantage_settings(baseline: str, scale: str, group_size: int):

@@ -39,7 +39,7 @@ from checkpoint import read_checkpoint, save_checkpoint, size
 from config import RESUMABLE
 from data import write_jsonl
 from distributed import barrier, from_every_rank, rank, world_size
-from grpo import optimizer_updates
+from update import optimizer_updates
 from model import KVCache, ModelConfig, Transformer
 from rewards import parse_reward_name
 from sample import cache_slots, prefill_nbytes

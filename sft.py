@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from checkpoint import save_warm_start
 from distributed import copy_weights, rank
-from grpo import (completion_logprobs, configure_optimizer, make_micro_batches, optimizer_step,
-                  optimizer_updates, warmup_lr)
+from update import (completion_logprobs, configure_optimizer, make_micro_batches, optimizer_step,
+                    optimizer_updates, warmup_lr)
 from rollout import Samples, sample_groups
 from run_management import report_stop, resume_command
 from template import R1_ZERO, Template, stop_token_ids

@@ -30,11 +30,11 @@ from checkpoint import (export_hf, fingerprint, load_init_weights, load_policy, 
 from config import TrainConfig, load_config
 from data import load_problems
 from distributed import (broadcast_weights, copy_weights, from_every_rank, init_distributed,
-                         leave_together, rank, sharded, spread)
+                         leave_together, mix_weights, rank, sharded, spread)
 from eval import held_out_eval
-from grpo import (Loss, add_logprobs, advantages_of, configure_optimizer, critic_update,
-                  gae_advantages, loss_of, make_micro_batches, mark_high_entropy, set_rows, update,
-                  warmup_lr)
+from grpo import Loss, advantages_of, loss_of
+from update import (add_logprobs, configure_optimizer, critic_update, gae_advantages,
+                    make_micro_batches, mark_high_entropy, set_rows, update, warmup_lr)
 from model import Critic, Transformer, resolve_device, set_attention_backends
 from records import Tracker, progress, shown_samples, step_record
 from reward_models import load_rewards
@@ -115,6 +115,8 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
             tracker.samples(shown_samples(run.problems, step, samples, cfg.group_size))
         if run.reference is not None and cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
             copy_weights(run.reference, run.policy)  # iterative GRPO
+        if cfg.sync_ref_model and step % cfg.ref_model_sync_steps == 0:  # TR-DPO's reference
+            mix_weights(run.reference, run.policy, cfg.ref_model_mixup_alpha)
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
             summary["pass@1_end"] = held_out_eval(run, cfg, tracker)
         stopping = stop.agreed() if step < cfg.max_steps else False  # the last step stops anyway
@@ -164,15 +166,15 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if cfg.mu > 1:
         add_logprobs(run.policy, batches, "old_logp", cfg.temperature, cfg.logprob_chunk,
                      run.autocast)
-    if cfg.top_entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
-        mark_high_entropy(run.policy, batches, cfg.top_entropy_quantile, cfg.temperature,
+    if run.loss.top_entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
+        mark_high_entropy(run.policy, batches, run.loss.top_entropy_quantile, cfg.temperature,
                           cfg.logprob_chunk, run.autocast)
     # 3. advantages: the rewards normalised within each group; PPO: GAE on its critic's values
-    critic_stats = {}
     if run.critic is None:
-        set_rows(batches, "advantages", advantages_of(samples, batches, cfg))
+        advantages, advantage_stats = advantages_of(samples, batches, cfg)
+        set_rows(batches, "advantages", advantages)
     else:  # the critic's values, then the advantages and the returns it learns
-        critic_stats = gae_advantages(run.critic, samples, batches, cfg, run.autocast)
+        advantage_stats = gae_advantages(run.critic, samples, batches, cfg, run.autocast)
     if device.type == "cuda":
         torch.cuda.synchronize()  # so the phase timings below are honest
     t2 = time.perf_counter()
@@ -181,13 +183,13 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     stats = update(run.policy, run.optimizer, batches, run.loss, cfg, lr, run.autocast, run.ddp)
     if run.critic is not None:  # PPO: the critic's mu steps on the clipped value loss
         critic_lr = warmup_lr(cfg.critic_rate, step, cfg.warmup_steps)
-        stats.update(critic_stats, **critic_update(run.critic, run.critic_optimizer, batches, cfg,
-                                                   critic_lr, run.autocast))
+        stats.update(critic_update(run.critic, run.critic_optimizer, batches, cfg, critic_lr,
+                                   run.autocast))
     # 5. sync the sampler: it generates the next step's rollout with the new weights
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
     t3 = time.perf_counter()
-    stats.update(lr=lr, time_reference=t2 - t1, time_update=t3 - t2)
+    stats.update(advantage_stats, lr=lr, time_reference=t2 - t1, time_update=t3 - t2)
     return samples, stats
 
 # -----------------------------------------------------------------------------

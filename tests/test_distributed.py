@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 
 import distributed
 import train
-from grpo import (add_logprobs, configure_optimizer, loss_of, make_micro_batches, optimizer_step, policy_gradient,
-                  set_rows)
+from grpo import loss_of
+from update import add_logprobs, configure_optimizer, make_micro_batches, optimizer_step, policy_gradient, set_rows
 from model import ModelConfig, Transformer
 from template import CharTokenizer
 from test_guards import log_steps, tiny

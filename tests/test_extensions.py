@@ -2,7 +2,6 @@
 select/concat, DAPO's overlong penalty and dynamic sampling with its seeds), what a reward may read, the metrics'
 one home, and bring-your-own data."""
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -10,6 +9,7 @@ import os
 import pytest
 import torch
 
+import config
 import grpo
 import rollout
 import train
@@ -17,6 +17,7 @@ from config import TrainConfig
 from data import load_problems
 from grpo import grpo_loss
 from rewards import score_completions
+from settings import fields_of
 from rollout import QuestionStream, informative_groups, overlong_penalty
 from rollout import Samples, rollout_seed, sample_groups
 from test_guards import log_steps, tiny
@@ -32,24 +33,25 @@ def samples_of(rewards, lengths=None, correct=None, problems=None):
                    seconds_scoring=0.5, problems=problems or list(range(n)))
 
 # -----------------------------------------------------------------------------
-# the loss's settings: listed once
+# the loss's settings: declared once (grpo.LossSettings), every list derived from them
 
 
-LOSS_KEYS = ["clip_eps", "clip_eps_high", "beta", "kl_estimator", "loss_agg", "importance_sampling_level", "tis_cap",
-             "policy_loss", "delta", "sapo_temperature_pos", "sapo_temperature_neg", "importance_sampling_correction",
-             "importance_sampling_mode", "importance_sampling_clip_max", "importance_sampling_clip_min",
-             "off_policy_mask_threshold", "top_entropy_quantile", "entropy_coef"]
+LOSS_KEYS = [f.name for f in fields_of(grpo.LossSettings)]
 
 
 def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_build_the_runs_loss(tmp_path, monkeypatch):
-    """The loss's knobs are grpo_loss's keywords after sampler_logp (before its keyword-only tensors), each a config
-    key with the same default; loss_of reads every one of them, and mask_truncated_completions (whose loss mask the
-    step builds and grpo_loss takes as loss_mask: it adds the policy_token_frac measure), and the run's loss is
-    loss_of of its config."""
-    parameters = [p for p in inspect.signature(grpo_loss).parameters.values() if p.kind != p.KEYWORD_ONLY]
-    knobs = parameters[[p.name for p in parameters].index("sampler_logp") + 1:]
-    assert [p.name for p in knobs] == LOSS_KEYS
-    assert all(getattr(TrainConfig(), p.name) == p.default for p in knobs)
+    """The loss's settings are declared once (grpo.LossSettings: a default, a doc and a rule each) and are config
+    keys with the same defaults; grpo_loss takes each as a keyword with that default (mask_truncated_completions
+    as its loss_mask); loss_of reads every one of them; the run's loss is loss_of of its config; --help prints each
+    with its doc and its choices."""
+    assert len(LOSS_KEYS) > 20 and {"policy_loss", "vespo_k_pos", "use_adaptive_entropy"} <= set(LOSS_KEYS)
+    assert all(getattr(TrainConfig(), f.name) == f.default for f in fields_of(grpo.LossSettings))
+    assert all(f.metadata["doc"] for f in fields_of(grpo.LossSettings))
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    defaults = {f.name: f.default for f in fields_of(grpo.LossSettings) if f.name != "mask_truncated_completions"}
+    explicit, _ = grpo_loss(logp, None, logp.detach() - 0.1, torch.ones(1), torch.ones(1, 2), **defaults)
+    implicit, _ = grpo_loss(logp, None, logp.detach() - 0.1, torch.ones(1), torch.ones(1, 2))
+    assert torch.equal(explicit, implicit)
 
     class Reading:  # records which settings loss_of reads
         def __init__(self, **settings):
@@ -58,16 +60,21 @@ def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_build_the_
         def __getattr__(self, name):
             self.read.add(name)
             return self.settings[name]
-    defaults = {**{p.name: p.default for p in knobs}, "mask_truncated_completions": False}
+    defaults = {f.name: f.default for f in fields_of(grpo.LossSettings)}
     for changed in ({}, {"tis_cap": None, "importance_sampling_correction": True}, {"tis_cap": 2.0},
-                    {"policy_loss": "sapo"}, {"delta": 2.0}, {"top_entropy_quantile": 0.5},
-                    {"off_policy_mask_threshold": 0.5}, {"entropy_coef": 0.1}, {"mask_truncated_completions": True}):
+                    {"policy_loss": "sapo"}, {"policy_loss": "vespo"}, {"delta": 2.0}, {"top_entropy_quantile": 0.5},
+                    {"off_policy_mask_threshold": 0.5}, {"entropy_coef": 0.1}, {"use_adaptive_entropy": True},
+                    {"mask_truncated_completions": True}):
         settings = Reading(**{**defaults, **changed})
         grpo.loss_of(settings)
         assert settings.read >= set(changed), changed
-    every = Reading(**{**defaults, "importance_sampling_correction": True, "policy_loss": "sapo"})
-    grpo.loss_of(every)
-    assert every.read == set(LOSS_KEYS) | {"mask_truncated_completions"}
+    read = set()
+    for every in ({"importance_sampling_correction": True, "policy_loss": "sapo"}, {"policy_loss": "vespo"},
+                  {"use_adaptive_entropy": True}):
+        settings = Reading(**{**defaults, **every})
+        grpo.loss_of(settings)
+        read |= settings.read
+    assert read == set(LOSS_KEYS)
     seen = []
     real = train.loss_of
     monkeypatch.setattr(train, "loss_of", lambda cfg: seen.append(cfg) or real(cfg))
@@ -79,6 +86,14 @@ def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_build_the_
         grpo_loss(torch.zeros(1, 1), None, None, torch.zeros(1), torch.ones(1, 1), clip=0.1, beta=0.0)
     with pytest.raises(ValueError, match="config: importance_sampling_level must be one of"):
         TrainConfig(importance_sampling_level="group")
+    with pytest.raises(ValueError, match="^sapo_temperature_pos must be a finite number > 0"):
+        grpo_loss(torch.zeros(1, 1), None, None, torch.zeros(1), torch.ones(1, 1), beta=0.0, sapo_temperature_pos=0)
+    shown = config.help_text()
+    for f in fields_of(grpo.LossSettings) + fields_of(grpo.AdvantageSettings):
+        line = next(line for line in shown.splitlines() if line.startswith(f"  --{f.name}="))
+        assert f.metadata["doc"] in line
+    assert all(name in shown for name in ("cispo", "sapo", "vespo", "sequence_mask", "luspo", "normalize_then_sum"))
+
 
 # -----------------------------------------------------------------------------
 # GSPO

@@ -200,7 +200,7 @@ def test_a_padded_update_forward_on_cuda_runs_flash_attention_without_a_mask(mon
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import model as model_module
-    from grpo import completion_logprobs, make_micro_batches
+    from update import completion_logprobs, make_micro_batches
     set_attention_backends(torch.device("cuda"))
     torch.manual_seed(0)
     policy = Transformer(ModelConfig(vocab_size=512, dim=896, n_layers=2, n_heads=14, n_kv_heads=2, head_dim=64,

@@ -6,7 +6,7 @@ import signal
 import pytest
 import torch
 
-import grpo
+import update
 import rollout
 import train
 from model import ModelConfig, Transformer
@@ -277,14 +277,14 @@ def test_an_exception_inside_a_step_saves_the_last_complete_step_and_resume_redo
 
 
 def test_a_failure_after_the_first_of_mu_updates_saves_nothing_new(tmp_path, monkeypatch):
-    real, calls = grpo.optimizer_step, []
+    real, calls = update.optimizer_step, []
 
     def second_update_fails(*args, **kwargs):
         calls.append(1)
         if len(calls) == 4:  # step 2's second update (mu=2): its first already moved the weights
             raise FloatingPointError("gradient norm is nan")
         return real(*args, **kwargs)
-    monkeypatch.setattr(grpo, "optimizer_step", second_update_fails)
+    monkeypatch.setattr(update, "optimizer_step", second_update_fails)
     with pytest.raises(FloatingPointError, match="step 2: .*the step had updated the weights, so .*keeps the last "
                                                  "checkpoint written"):
         train.train(tiny(tmp_path, mu=2, max_steps=3, checkpoint_every=0))

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import grpo
+import update
 import train
 from config import TrainConfig
-from grpo import add_logprobs, grpo_loss, loss_of, make_micro_batches, policy_gradient, set_rows
+from grpo import grpo_loss, loss_of
+from update import add_logprobs, make_micro_batches, policy_gradient, set_rows
 from records import step_record
 from test_guards import log_steps, saved_step, tiny
 from test_train import random_rows, tiny_model
@@ -181,12 +183,12 @@ def test_the_entropy_bonus_is_a_token_mean_with_its_gradient_whatever_the_aggreg
 
 def test_a_run_computes_each_tokens_entropy_with_grad_only_when_the_bonus_reads_it(tmp_path, monkeypatch):
     asked = []
-    real = grpo.completion_logprobs
+    real = update.completion_logprobs
 
     def spy(model, batch, temperature, chunk, entropy=None):
         asked.append((entropy, torch.is_grad_enabled()))
         return real(model, batch, temperature, chunk, entropy)
-    monkeypatch.setattr(grpo, "completion_logprobs", spy)
+    monkeypatch.setattr(update, "completion_logprobs", spy)
     train.train(tiny(tmp_path / "off", max_steps=1, beta=0.1))
     assert {mode for mode, grad in asked if grad} == {"sum"}  # the update: the summed entropy, for the log
     assert {mode for mode, grad in asked if not grad} == {None}  # the reference's pass computes none
@@ -226,16 +228,26 @@ def test_scale_rewards_batch_divides_by_the_std_of_every_reward():
     (dict(scale_rewards="std"), r"scale_rewards must be one of \('group', 'batch', 'none'\)"),
     (dict(adv_baseline="none", scale_rewards="batch"), "scale='batch' needs a baseline"),
     (dict(tis_cap=2.0, importance_sampling_correction=True), "tis_cap=C is importance_sampling_correction=True"),
-    (dict(importance_sampling_correction=True, importance_sampling_clip_max=0.5), "clip_max None or a number >= 1"),
-    (dict(importance_sampling_correction=True, importance_sampling_clip_max=None), "not both None"),
+    (dict(importance_sampling_correction=True, importance_sampling_clip_max=0.5), "importance_sampling_clip_max must be"),
+    (dict(importance_sampling_correction=True, importance_sampling_clip_max=None), "are both None"),
     (dict(importance_sampling_mode="sequence"), "importance_sampling_mode must be one of"),
-    (dict(policy_loss="ppo"), r"policy_loss must be one of \('clip', 'cispo', 'sapo'\)"),
+    (dict(policy_loss="ppo"), r"policy_loss must be one of \('clip', 'cispo', 'sapo', 'vespo'\)"),
     (dict(delta=1.1), "delta caps PPO's ratio above the clip: .*above 1 \\+ clip_eps_high = 1.2"),
     (dict(delta=2.0, policy_loss="cispo"), "delta caps PPO's ratio"),
-    (dict(top_entropy_quantile=1.5), "top_entropy_quantile must lie in"),
+    (dict(top_entropy_quantile=1.5), r"top_entropy_quantile must be a number in \[0, 1\]"),
     (dict(entropy_coef=-0.1), "entropy_coef must be a finite number >= 0"),
     (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold must be None"),
-    (dict(sapo_temperature_neg=0.0), "sapo_temperature_pos and sapo_temperature_neg"),
+    (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg must be a finite number > 0"),
+    (dict(policy_loss="vespo", importance_sampling_level="sequence"), "policy_loss='vespo' .* needs"),
+    (dict(policy_loss="vespo", tis_cap=2.0), "no sampler correction"),
+    (dict(entropy_coef_min=0.5, entropy_coef_max=0.1), "entropy_coef_min=0.5 is above"),
+    (dict(multi_objective_aggregation="sum"), "multi_objective_aggregation must be one of"),
+    (dict(multi_objective_aggregation="normalize_then_sum", scale_rewards="none"), r"GDPO.*\['scale_rewards'\]"),
+    (dict(multi_objective_aggregation="normalize_then_sum", overlong_buffer_len=4), "GDPO.*no shaping"),
+    (dict(sync_ref_model=True, beta=0.0), "the reference's sync"),
+    (dict(sync_ref_model=True, lora_rank=4, beta=0.1), "with LoRA the reference is the policy with its adapters"),
+    (dict(ref_model_mixup_alpha=0.0), r"ref_model_mixup_alpha must be a number in \(0, 1\]"),
+    (dict(method="rft", use_adaptive_entropy=True), "use_adaptive_entropy shape GRPO's loss"),
     (dict(method="rft", entropy_coef=0.1), "entropy_coef shape GRPO's loss; method='rft'"),
     (dict(method="sft_more", mask_truncated_completions=True), "mask_truncated_completions shape GRPO's loss"),
 ])
@@ -314,10 +326,10 @@ def test_a_nan_advantage_stops_the_run_before_the_update_and_keeps_the_last_good
 def test_a_finite_gradient_with_a_nan_loss_still_stops_the_update():
     model = tiny_model()
     model.lm_head.weight.grad = torch.zeros_like(model.lm_head.weight)
-    optimizer = grpo.configure_optimizer(model, 1e-3)
+    optimizer = update.configure_optimizer(model, 1e-3)
     before = model.lm_head.weight.detach().clone()
     with pytest.raises(FloatingPointError, match="the loss is nan"):
-        grpo.optimizer_step(model, optimizer, 1e-3, 1.0, loss=torch.tensor(float("nan")))
+        update.optimizer_step(model, optimizer, 1e-3, 1.0, loss=torch.tensor(float("nan")))
     assert torch.equal(model.lm_head.weight, before)
 
 

@@ -265,7 +265,7 @@ def test_a_padded_forward_rolled_past_its_padding_equals_the_masked_one(monkeypa
     unmasked and causal, the log-probs, entropies and gradients equal the masked forward's (up to the sums' order),
     and a roll off by one slot would not. On the CPU the masked forward stays (rolls_rows False)."""
     import model as model_module
-    from grpo import completion_logprobs, make_micro_batches
+    from update import completion_logprobs, make_micro_batches
     torch.manual_seed(0)
     policy = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                                      ffn_dim=64, max_seq_len=64))
@@ -326,7 +326,7 @@ def test_a_policy_under_bf16_autocast_computes_as_its_bf16_copy():
     residual stream, norms and RoPE run in bf16, as in its bf16 copy (frozen_copy), so with the same weights their
     log-probs agree exactly (before, they differed by ~1e-3: the KL at step 1 was above 0). Checked with CPU
     autocast; without autocast nothing changes (the fp32 demos)."""
-    from grpo import completion_logprobs, make_micro_batches
+    from update import completion_logprobs, make_micro_batches
     torch.manual_seed(0)
     policy = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
                                      max_seq_len=64))
@@ -487,7 +487,7 @@ class OnlyTheContract(torch.nn.Module):
 
 
 def test_the_sampler_and_the_update_use_only_the_model_contract():
-    import grpo
+    import update
     from sample import generate
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -497,8 +497,8 @@ def test_the_sampler_and_the_update_use_only_the_model_contract():
                 for m in (model, OnlyTheContract(model))]
     assert torch.equal(rollouts[0].tokens, rollouts[1].tokens)
     completions = [row[:n].tolist() for row, n in zip(rollouts[0].tokens, rollouts[0].lengths)]
-    batch, = grpo.make_micro_batches(prompts, completions, 2, 0, "cpu")
-    logps = [grpo.completion_logprobs(m, batch, 1.0, 4)[0] for m in (model, OnlyTheContract(model))]
+    batch, = update.make_micro_batches(prompts, completions, 2, 0, "cpu")
+    logps = [update.completion_logprobs(m, batch, 1.0, 4)[0] for m in (model, OnlyTheContract(model))]
     assert torch.equal(logps[0], logps[1])
     logps[1].sum().backward()  # the update's gradients reach the wrapped weights
     assert model.embed.weight.grad is not None

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import grpo
+from settings import defaults
 import train
 from grpo import gae, token_rewards, value_loss, whitened
 from test_guards import log_steps, tiny
@@ -195,11 +196,11 @@ def test_a_ppo_run_stopped_by_sigterm_and_resumed_equals_an_unstopped_one_critic
 
 
 @pytest.mark.parametrize("setting, message", [
-    (dict(adv_baseline="rloo"), r"\{'adv_baseline': 'rloo'\} shape GRPO's group advantages; method='ppo'"),
+    (dict(adv_baseline="rloo"), r"adv_baseline shape GRPO's group advantages; method='ppo'"),
     (dict(scale_rewards="none"), "shape GRPO's group advantages"),
     (dict(supervision="process"), "method='ppo' needs supervision='outcome', no LoRA"),
     (dict(lora_rank=4), "no LoRA"),
-    (dict(gamma=1.5), r"gamma and lam must lie in \[0, 1\]"),
+    (dict(gamma=1.5), r"gamma must be a number in \[0, 1\]"),
     (dict(cliprange_value=0.0), "cliprange_value must be a finite number > 0"),
     (dict(critic_lr=-1.0), "critic_lr must be None"),
 ])
@@ -216,4 +217,5 @@ def test_the_critics_learning_rate_is_ten_times_the_policys_unless_set(tmp_path)
 def test_ppo_keys_are_refused_for_grpo(tmp_path):
     with pytest.raises(ValueError, match="gamma, cliprange_value: PPO's .*method='grpo' has no critic"):
         tiny(tmp_path, gamma=0.9, cliprange_value=0.2)
-    assert grpo.PPO_DEFAULTS == {k: getattr(tiny(tmp_path), k) for k in grpo.PPO_DEFAULTS}
+    assert set(defaults(grpo.CriticSettings)) == {"gamma", "lam", "cliprange_value", "critic_lr"}
+    assert defaults(grpo.CriticSettings) == {k: getattr(tiny(tmp_path), k) for k in defaults(grpo.CriticSettings)}

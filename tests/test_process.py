@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import grpo
+import update
 import train
 from answers import parse_number
 from conftest import qwen_tokenizer_dir
@@ -160,11 +161,14 @@ def test_a_wrong_middle_step_lowers_the_advantages_of_the_tokens_up_to_it_and_th
 
 
 class Spy:
-    """Wraps a function of grpo.py (the update's side of a step) and keeps what it was called with and returned."""
+    """Wraps a function of grpo.py (the objective, and where update.py calls it) and keeps what it was called with
+    and returned."""
 
     def __init__(self, monkeypatch, name, replace=None):
         self.calls, self.function = [], replace or getattr(grpo, name)
-        monkeypatch.setattr(grpo, name, self)
+        for module in (grpo, update):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, self)
 
     def __call__(self, *args, **kwargs):
         result = self.function(*args, **kwargs)

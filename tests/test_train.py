@@ -11,8 +11,9 @@ import train
 from conftest import qwen_tokenizer_dir
 from data import load_gsm8k, write_jsonl
 from template import CharTokenizer
-from grpo import (MicroBatch, add_logprobs, completion_logprobs, configure_optimizer, loss_of, make_micro_batches,
-                  pack, policy_gradient, set_rows)
+from grpo import loss_of
+from update import (MicroBatch, add_logprobs, completion_logprobs, configure_optimizer, make_micro_batches, pack,
+                    policy_gradient, set_rows)
 from model import ModelConfig, Transformer
 from sample import generate
 from sft import sft_text

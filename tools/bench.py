@@ -54,7 +54,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the library's modules, from tools/
 from config import TrainConfig  # noqa: E402
-from grpo import configure_optimizer, loss_of  # noqa: E402
+from grpo import loss_of  # noqa: E402
+from update import configure_optimizer  # noqa: E402
 import sample  # noqa: E402
 from model import Critic, KVCache, ModelConfig, Transformer, resolve_device, set_attention_backends  # noqa: E402
 from records import read_log, step_record  # noqa: E402

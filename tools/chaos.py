@@ -39,11 +39,11 @@ def install(plan: dict):
     function, then after delay seconds, from a timer thread)."""
     import checkpoint
     import eval as evaluation
-    import grpo
     import rollout
     import sft
     import torch
     import train
+    import update
     number = signal.Signals[plan["signal"]].value
     entries = {phase: 0 for phase in PHASES}
 
@@ -63,7 +63,7 @@ def install(plan: dict):
         setattr(module, name, wrapper)
     wrap(sft, "sft_loss_backward", "warm start")
     wrap(rollout, "sample_and_score", "rollout")
-    wrap(grpo, "policy_gradient", "update")
+    wrap(update, "policy_gradient", "update")
     wrap(evaluation, "score_questions", "evaluation")
     wrap(train, "export_hf", "export")
     real_save = torch.save

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = ["configs/demo.py", "configs/smoke.py"]
 CORRECTION = ["--importance_sampling_correction", "--importance_sampling_clip_max=1.0"]
-# name -> (train.py arguments, the metric where its effect shows, the value without it: None for the default run's)
+# name -> (train.py arguments, the metric where its effect shows, the value without it: None for the default run's,
+# a name for that switch's run)
 SWITCHES = {
     "policy_loss=cispo": (["--policy_loss=cispo"], "clip_frac_high", None),
     "policy_loss=sapo": (["--policy_loss=sapo"], "sapo_gate_mean", 1.0),
@@ -40,6 +41,16 @@ SWITCHES = {
     "entropy_coef": (["--entropy_coef=0.05"], "entropy", None),
     "scale_rewards=batch": (["--scale_rewards=batch"], "grad_norm", None),
     "scale_rewards=none": (["--scale_rewards=none"], "grad_norm", None),
+    "policy_loss=vespo": (["--policy_loss=vespo", "--loss_agg=token_mean"], "vespo_phi_mean", 1.0),
+    "loss_agg=luspo": (["--importance_sampling_level=sequence", "--loss_agg=luspo"], "grad_norm", None),
+    "multi_objective_aggregation=normalize_then_sum": (["--multi_objective_aggregation=normalize_then_sum"],
+                                                       "adv_abs_mean", None),
+    # a target above the smoke run's entropy (~4 nats): the coefficient climbs from 0 after each update
+    "use_adaptive_entropy": (["--use_adaptive_entropy", "--entropy_target=10"], "entropy_coef", 0.0),
+    # the reference pulled halfway to the policy after every step: the KL to it stays below a fixed reference's
+    "beta=0.04": (["--beta=0.04"], "kl", 0.0),
+    "sync_ref_model": (["--beta=0.04", "--sync_ref_model", "--ref_model_sync_steps=1", "--ref_model_mixup_alpha=0.5"],
+                       "kl", "beta=0.04"),
 }
 
 
@@ -72,7 +83,8 @@ def table(results: dict) -> str:
             continue
         records = results[name]["records"]
         value = mean(records, metric)
-        without = mean(default, metric) if off is None else off
+        without = mean(default, metric) if off is None else mean(results[off]["records"], metric) \
+            if isinstance(off, str) else off
         finite = all(math.isfinite(r["loss"]) for r in records)
         rows.append(f"| {name} | `{' '.join(args)}` | {results[name]['seconds']:.0f} | {finite} | {metric} | "
                     f"{value:.4g} | {without:.4g} | {abs(value - without) > 1e-6} |")
@@ -91,6 +103,7 @@ def main(argv=None):
         raise SystemExit(f"unknown switch(es) {unknown}; known: {list(SWITCHES)}")
     out = args.out or tempfile.mkdtemp(prefix="smoke_switches_")
     os.makedirs(out, exist_ok=True)
+    names += [SWITCHES[n][2] for n in names if isinstance(SWITCHES[n][2], str) and SWITCHES[n][2] not in names]
     jobs = [("default", [])] + [(name, SWITCHES[name][0]) for name in names]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = dict(zip([n for n, _ in jobs], pool.map(lambda job: run(*job, out), jobs)))

@@ -12,6 +12,7 @@ tests/test_trl_parity.py asserts the same table. Where TRL computes something el
 why, and the comparison is of the documented relation.
 """
 import ast
+import copy
 import functools
 import importlib.metadata
 import importlib.util
@@ -24,7 +25,10 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from grpo import group_advantages, grpo_loss  # noqa: E402
+from config import TrainConfig  # noqa: E402
+from distributed import mix_weights  # noqa: E402
+from grpo import advantages_of, group_advantages, grpo_loss, loss_of, normalize_then_sum, reward_scale  # noqa: E402
+from rollout import Samples  # noqa: E402
 
 TRL_VERSION = "1.16.0"
 
@@ -48,7 +52,7 @@ def trl_code() -> dict:
             exec(compile(ast.Module([node], []), "trl/trainer/utils.py", "exec"), namespace)
     trainer = next(n for n in trees["grpo_trainer"].body if isinstance(n, ast.ClassDef) and n.name == "GRPOTrainer")
     methods = {n.name: n for n in trainer.body if isinstance(n, ast.FunctionDef)}
-    for name in ("_compute_loss", "get_high_entropy_mask", "get_off_policy_mask"):
+    for name in ("_compute_loss", "get_high_entropy_mask", "get_off_policy_mask", "get_gamma_weights"):
         node = methods[name]
         node.decorator_list = []  # profiling, staticmethod, no_grad: the stand-in has none of them
         exec(compile(ast.Module([node], []), "trl/trainer/grpo_trainer.py", "exec"), namespace)
@@ -61,6 +65,11 @@ def trl_code() -> dict:
         block = next(n for n in ast.walk(generate) if isinstance(n, ast.If) and ast.unparse(n.test) == test
                      and _assigns(n, result))
         code[name] = compile(ast.Module([block], []), "trl/trainer/grpo_trainer.py", "exec")
+    callbacks = ast.parse(open(os.path.join(folder, "callbacks.py")).read())
+    sync = next(n for n in ast.walk(callbacks) if isinstance(n, ast.FunctionDef) and n.name == "_sync_target_model")
+    sync.decorator_list = []
+    exec(compile(ast.Module([sync], []), "trl/trainer/callbacks.py", "exec"), namespace)
+    code["sync_target_model"] = namespace["_sync_target_model"]
     code["namespace"] = namespace
     return code
 
@@ -99,9 +108,12 @@ class Trainer:
                     sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, entropy_coef=0.0, use_vllm=False,
                     vllm_importance_sampling_correction=False, vllm_importance_sampling_mode="sequence_mask",
                     vllm_importance_sampling_clip_max=3.0, vllm_importance_sampling_clip_min=None,
-                    max_completion_length=logp.shape[1], scale_rewards="group")
+                    max_completion_length=logp.shape[1], scale_rewards="group", use_adaptive_entropy=False,
+                    vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0,
+                    multi_objective_aggregation="sum_then_normalize", entropy_target=0.2, entropy_coef_delta=0.005,
+                    entropy_coef_min=0.0, entropy_coef_max=1.0)
         args.update(settings)
-        self.args = types.SimpleNamespace(**args, steps_per_generation=1, entropy_target=0.2)
+        self.args = types.SimpleNamespace(**args, steps_per_generation=1)
         for key, value in args.items():
             setattr(self, key, value)
         self.epsilon_low = args["epsilon"]
@@ -111,12 +123,13 @@ class Trainer:
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self.current_gradient_accumulation_steps = 1
         self.aux_loss_enabled = False
-        self.use_adaptive_entropy = False
-        self._entropy_bonus_enabled = args["entropy_coef"] != 0.0
-        self.multi_objective_aggregation = "sum_then_normalize"
+        self._entropy_bonus_enabled = args["entropy_coef"] != 0.0 or args["use_adaptive_entropy"]
+        self._last_world_entropy = float("inf")
+        self._entropy_window_stats = None
         self.code, self.logp, self.entropy = code, logp, entropy
         self.get_high_entropy_mask = functools.partial(code["get_high_entropy_mask"], self)
         self.get_off_policy_mask = code["get_off_policy_mask"]  # a staticmethod in TRL
+        self.get_gamma_weights = torch.no_grad()(code["get_gamma_weights"])  # a no-grad staticmethod in TRL
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         return self.logp, self.entropy, None
@@ -128,11 +141,12 @@ class Trainer:
         exec(self.code["sampler_ratio"], scope)
         return scope["vllm_importance_sampling_ratio"]
 
-    def advantages(self, rewards, group_size):
-        """TRL's advantages of one reward function's rewards [B], from its own block."""
-        scope = {**self.code["namespace"], "self": self, "rewards_per_func": rewards[:, None],
-                 "num_generations": group_size, "device": rewards.device, "unscorable_mask": torch.zeros(len(rewards), dtype=torch.bool)}
-        self.reward_weights = torch.ones(1)
+    def advantages(self, rewards, group_size, weights):
+        """TRL's advantages of reward functions' rewards [B, K] weighted by weights [K], from its own block."""
+        scope = {**self.code["namespace"], "self": self, "rewards_per_func": rewards, "num_generations": group_size,
+                 "device": rewards.device, "unscorable_mask": torch.zeros(len(rewards), dtype=torch.bool)}
+        self.reward_weights = weights
+        self.reward_funcs = list(weights)
         exec(self.code["advantages"], scope)
         return scope["advantages"]
 
@@ -206,6 +220,20 @@ CASES = {
                      "steps, ours is the whole step's token mean"),
     "entropy_coef + top_entropy_quantile": (dict(beta=0.0, entropy_coef=0.05, top_entropy_quantile=0.5),
                                             dict(entropy_coef=0.05, top_entropy_quantile=0.5), None),
+    "vespo": (dict(beta=0.0, policy_loss="vespo", loss_agg="token_mean"), dict(loss_type="vespo"), None),
+    "vespo, other k and lambda": (dict(beta=0.04, policy_loss="vespo", loss_agg="token_mean", vespo_k_pos=1.0,
+                                       vespo_lambda_pos=2.0, vespo_k_neg=4.0, vespo_lambda_neg=1.0),
+                                  dict(beta=0.04, loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_pos=2.0,
+                                       vespo_k_neg=4.0, vespo_lambda_neg=1.0), None),
+    "luspo": (dict(beta=0.0, importance_sampling_level="sequence", loss_agg="luspo"),
+              dict(loss_type="luspo", importance_sampling_level="sequence"), None),
+    "use_adaptive_entropy, first step": (dict(beta=0.0, use_adaptive_entropy=True, entropy_coef=0.05),
+                                         dict(use_adaptive_entropy=True, entropy_coef=0.05),
+                                         "none: no bonus before the first step's entropy is known, in both"),
+    "use_adaptive_entropy, below target": (dict(beta=0.0, use_adaptive_entropy=True, entropy_coef=0.05,
+                                                entropy_target=2.0, last_entropy=1.0),
+                                           dict(use_adaptive_entropy=True, entropy_coef=0.05, entropy_target=2.0,
+                                                last_entropy=1.0), None),
     "mask_truncated_completions, token_mean": (dict(beta=0.04, loss_agg="token_mean", truncated=True),
                                                dict(beta=0.04, loss_type="dapo", truncated=True), None),
     "mask_truncated_completions, seq_mean": (
@@ -219,8 +247,11 @@ def ours(data: dict, settings: dict):
     """Our loss and its gradients (logp, entropy) on data, by grpo_loss."""
     settings = dict(settings)
     truncated = settings.pop("truncated", False)
+    last_entropy = settings.pop("last_entropy", None)
     logp = data["logp"].clone().requires_grad_()
     entropy = data["entropy"].clone().requires_grad_()
+    if last_entropy is not None:  # the adaptive coefficient's state after an earlier step
+        settings["loss_state"] = {"AdaptiveEntropy": {"coef": settings["entropy_coef"], "last_entropy": last_entropy}}
     loss, _ = grpo_loss(logp, data["old_logp"], data["ref_logp"], data["advantages"], data["mask"],
                         sampler_logp=data["sampler_logp"], entropy=entropy,
                         loss_mask=~data["truncated"][:, None] if truncated else None, **settings)
@@ -235,7 +266,10 @@ def theirs(code: dict, data: dict, settings: dict):
     mask = data["mask"] & ~data["truncated"][:, None] if truncated else data["mask"]
     logp = data["logp"].clone().requires_grad_()
     entropy = data["entropy"].clone().requires_grad_()
+    last_entropy = settings.pop("last_entropy", None)
     trainer = Trainer(code, logp, entropy, **settings)
+    if last_entropy is not None:
+        trainer._last_world_entropy = last_entropy
     inputs = {"prompt_ids": torch.zeros(len(logp), 1, dtype=torch.long),
               "prompt_mask": torch.ones(len(logp), 1, dtype=torch.long),
               "completion_ids": torch.zeros(logp.shape, dtype=torch.long), "completion_mask": mask.long(),
@@ -267,15 +301,89 @@ def compare(code: dict, name: str, data: dict | None = None) -> dict:
     return {"ours": loss, "trl": their_loss, "expected_trl": loss * scale, "grad_diff": diff}
 
 
+# the advantages' eps: TRL divides by std + 1e-4 (a constant, no setting), this repo by std + 1e-6 (verl's); a group
+# whose rewards differ by 1e-5 gets advantages of about +-0.62 here, +-0.047 in TRL's; at std >= 0.1 the two differ
+# by under 0.1%
+TRL_EPS, OUR_EPS = 1e-4, 1e-6
+
+
+def samples(rewards: dict, weights: dict):
+    """A rollout.Samples of reward components {name: [B]} (weighted as a run weighs them), one token each."""
+    n = len(next(iter(rewards.values())))
+    total = [sum(weights[k] * rewards[k][i] for k in weights) for i in range(n)]
+    return Samples(prompts=[[0]] * n, completions=[[0]] * n, texts=[""] * n, stopped=[True] * n, logprobs=None,
+                   rewards=total, components={k: list(v) for k, v in rewards.items()}, seconds_sampling=0.0,
+                   seconds_scoring=0.0)
+
+
+REWARDS = {"correctness": [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0], "format": [1.0, 1.0, 0.5, 1.0, 0.0, 1.0, 0.5, 1.0]}
+
+
 def advantages_table(code: dict) -> dict:
-    """scale_rewards "group", "batch", "none": our group_advantages (at TRL's eps, 1e-4) beside TRL's advantages."""
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 1.0, 0.5, 1.0])
+    """Each advantage setting (scale_rewards "group", "batch", "none"; multi_objective_aggregation
+    "normalize_then_sum", GDPO) through advantages_of as a run calls it (a TrainConfig, a Samples of two reward
+    functions in groups of 4), beside TRL's own advantages: {name: (ours, TRL's, ours with TRL's eps)}; the eps
+    is the one difference (TRL_EPS, OUR_EPS)."""
+    weights = {"correctness": 1.0, "format": 0.5}
     rows = {}
-    for scale, theirs_name in (("std", "group"), ("batch", "batch"), ("none", "none")):
-        trainer = Trainer(code, torch.zeros(1, 1), None, scale_rewards=theirs_name)
-        mine = group_advantages(rewards, 4, scale=scale, eps=1e-4)
-        rows[theirs_name] = (mine, trainer.advantages(rewards, 4))
+    for settings, trl in ((dict(), dict(scale_rewards="group")), (dict(scale_rewards="batch"), dict(scale_rewards="batch")),
+                          (dict(scale_rewards="none"), dict(scale_rewards="none")),
+                          (dict(multi_objective_aggregation="normalize_then_sum"),
+                           dict(multi_objective_aggregation="normalize_then_sum"))):
+        cfg = TrainConfig(group_size=4, reward_weights=weights, beta=0.0, **settings)
+        mine, _ = advantages_of(samples(REWARDS, weights), None, cfg)
+        trainer = Trainer(code, torch.zeros(1, 1), None, **trl)
+        theirs = trainer.advantages(torch.tensor(list(REWARDS.values())).T, 4, torch.tensor(list(weights.values())))
+        if cfg.multi_objective_aggregation == "normalize_then_sum":
+            at_their_eps = normalize_then_sum({k: torch.tensor(v) for k, v in REWARDS.items()}, weights, 4,
+                                              eps=TRL_EPS)[0]
+        else:
+            at_their_eps = group_advantages(torch.tensor(samples(REWARDS, weights).rewards), 4, scale=reward_scale(cfg),
+                                            eps=TRL_EPS)
+        rows[next(iter(trl.values()))] = (mine, theirs, at_their_eps)
     return rows
+
+
+def adaptive_coefficients(code: dict, steps: int = 4) -> tuple[list, list]:
+    """use_adaptive_entropy over `steps` optimizer steps whose entropies fall (3.0, 2.0, 1.0, ...) against a target of
+    2.5: our AdaptiveEntropy part, called and stepped as a run's update does, beside TRL's controller in its own
+    _compute_loss. -> (our coefficients after each step, TRL's)."""
+    data = batch()
+    cfg = TrainConfig(beta=0.0, use_adaptive_entropy=True, entropy_coef=0.05, entropy_target=2.5,
+                      entropy_coef_delta=0.01)
+    loss = loss_of(cfg)
+    trainer = Trainer(code, data["logp"], None, use_adaptive_entropy=True, entropy_coef=0.05, entropy_target=2.5,
+                      entropy_coef_delta=0.01)
+    mine, theirs = [], []
+    for step in range(steps):
+        entropy = data["mask"] * (3.0 - step)
+        grpo_loss(data["logp"].clone().requires_grad_(), None, None, data["advantages"], data["mask"], entropy=entropy,
+                  beta=0.0, use_adaptive_entropy=True, entropy_coef=0.05, entropy_target=2.5, entropy_coef_delta=0.01)
+        terms = types.SimpleNamespace(entropy=entropy, policy_mask=data["mask"], logp=data["logp"])
+        loss.bonuses[0](terms, types.SimpleNamespace(policy_tokens=data["mask"].sum()))
+        mine.append(loss.after_step()["entropy_coef"])
+        trainer.entropy = entropy
+        trainer.loss({"prompt_ids": torch.zeros(len(data["logp"]), 1, dtype=torch.long),
+                      "prompt_mask": torch.ones(len(data["logp"]), 1, dtype=torch.long),
+                      "completion_ids": torch.zeros(data["logp"].shape, dtype=torch.long),
+                      "completion_mask": data["mask"].long(), "advantages": data["advantages"],
+                      "old_per_token_logps": None, "ref_per_token_logps": None, "num_items_in_batch": data["mask"].sum()})
+        theirs.append(trainer.entropy_coef)
+    return mine, theirs
+
+
+def reference_sync(code: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """sync_ref_model: our distributed.mix_weights beside TRL's SyncRefModelCallback._sync_target_model on a small
+    model pair, alpha 0.6 (ref_model_mixup_alpha's default). -> (our reference's weights, TRL's)."""
+    g = torch.Generator().manual_seed(0)
+    policy, reference = (torch.nn.Linear(4, 3) for _ in range(2))
+    with torch.no_grad():
+        for p in list(policy.parameters()) + list(reference.parameters()):
+            p.copy_(torch.randn(p.shape, generator=g))
+    theirs = copy.deepcopy(reference)
+    mix_weights(reference, policy, 0.6)
+    code["sync_target_model"](policy, theirs, 0.6)
+    return torch.cat([p.flatten() for p in reference.parameters()]), torch.cat([p.flatten() for p in theirs.parameters()])
 
 
 def main():
@@ -285,9 +393,14 @@ def main():
     for name, (_, _, note) in CASES.items():
         row = compare(code, name)
         print(f"{name:42s} {row['ours']:10.6f} {row['trl']:10.6f} {row['grad_diff']:16.2e}  {note or ''}")
-    print("\nscale_rewards (advantages, at TRL's eps 1e-4):")
-    for name, (mine, trl) in advantages_table(code).items():
-        print(f"  {name:6s} max |ours - TRL's| = {(mine - trl).abs().max().item():.2e}")
+    print(f"\nadvantages through advantages_of (a TrainConfig; eps {OUR_EPS}, TRL's {TRL_EPS}):")
+    for name, (mine, trl, at_their_eps) in advantages_table(code).items():
+        print(f"  {name:18s} max |ours - TRL's| = {(mine - trl).abs().max().item():.2e}, at TRL's eps "
+              f"{(at_their_eps - trl).abs().max().item():.2e}")
+    mine, trl = adaptive_coefficients(code)
+    print(f"\nuse_adaptive_entropy, the coefficient after each step: ours {mine}, TRL's {trl}")
+    mine, trl = reference_sync(code)
+    print(f"sync_ref_model, the reference after one sync: max |ours - TRL's| = {(mine - trl).abs().max().item():.2e}")
 
 
 if __name__ == "__main__":
