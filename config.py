@@ -120,9 +120,9 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     # iterative GRPO: copy the policy into the reference every N steps (0 = never)
     ref_reset_every: int = 0
     # TR-DPO's reference (arXiv:2404.09656; TRL's names): pi_ref = alpha pi_theta + (1 - alpha)
-    # pi_ref every ref_model_sync_steps steps
-    sync_ref_model: bool = setting(False, "pull the reference toward the policy every "
-                                   "ref_model_sync_steps steps (needs beta > 0, no LoRA)")
+    # pi_ref every tau steps
+    sync_ref_model: bool = setting(False, "pull the reference toward the policy every tau steps "
+                                   "(needs beta > 0, no LoRA)")
     ref_model_mixup_alpha: float = setting(0.6, "TR-DPO's alpha: the policy's share of the new "
                                            "reference", within(0, 1, "(]"))
     ref_model_sync_steps: int = setting(512, "TR-DPO's tau: the steps between two syncs",

@@ -28,8 +28,8 @@ from functools import partial
 import torch
 
 from distributed import from_every_rank, rank, summed_over_ranks, world_size
-from settings import (AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, changed, check, defaults,
-                      one_of, optional, setting, within)
+from settings import (AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, Rule, changed, check,
+                      defaults, one_of, optional, setting, within)
 
 BASELINES = ("mean", "rloo", "none")
 SCALES = ("std", "batch", "none")
@@ -54,7 +54,11 @@ class AdvantageSettings:
     multi_objective_aggregation: str = setting(
         "sum_then_normalize", "the rewards' weighted sum, then group advantages; or each reward "
         "normalised in its group, then summed and normalised over the batch (GDPO, "
-        "arXiv:2601.05242)", one_of(MULTI_OBJECTIVE))
+        "arXiv:2601.05242)", one_of(MULTI_OBJECTIVE), needs=Rule(
+            lambda v, s: v == MULTI_OBJECTIVE[0] or gdpo_fits(s),
+            "(GDPO, each reward normalised alone) GRPO's baseline and group std, outcome "
+            "supervision and no shaping of the total (random_reward, overlong_buffer_len, "
+            "k1_reward)"))
 
 
 def advantages_of(samples, batches, cfg) -> tuple[torch.Tensor, dict]:
@@ -96,8 +100,16 @@ def advantage_stats(advantages: torch.Tensor, lengths: list[int]) -> dict:
             "adv_zero_frac": (advantages == 0).float().mean().item()}
 
 
+def gdpo_fits(cfg) -> bool:
+    """Whether GDPO's advantages fit cfg: GRPO's baseline and scale, outcome supervision, no shaping
+    of the total reward (a shaping term is no reward function of its own)."""
+    shaped = cfg.random_reward or cfg.overlong_buffer_len or cfg.kl_estimator == "k1_reward"
+    return (cfg.adv_baseline, reward_scale(cfg), cfg.supervision) == ("mean", "std", "outcome") \
+        and not shaped
+
+
 def normalize_then_sum(components: dict, weights: dict, group_size: int, eps=1e-6):
-    """GDPO (arXiv:2601.05242; TRL's multi_objective_aggregation="normalize_then_sum"): each reward
+    """GDPO (arXiv:2601.05242; TRL's "normalize_then_sum"): each reward
     components[name] [B] normalised within its group (group_advantages: mean baseline, group std),
     summed by weights[name], the sum then normalised over the batch, (s - mean) / (std + eps), so
     that a reward with a small spread is not drowned by one with a large spread. -> advantages [B],
@@ -320,19 +332,27 @@ def value_loss(values, old_values, returns, mask, num_tokens, cliprange: float):
 @dataclass
 class LossSettings:
     """The loss's settings, named as TRL's GRPOConfig names them where it has them (its
-    vllm_importance_sampling_* without the prefix; its loss_type is policy_loss and loss_agg here),
-    each switch off by default."""
+    vllm_importance_sampling_* without the prefix; its loss_type is two settings here, the policy
+    term and the aggregation), each switch off by default. What a setting needs of the others is
+    in its declaration (needs), checked with its rule."""
     clip_eps: float = setting(0.2, "the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] "
                               "(PPO's, DeepSeekMath's 0.2)", within(0, 1))
     clip_eps_high: float | None = setting(None, "None: clip_eps; larger for DAPO's clip-higher "
                                           "(0.28)", optional(AT_LEAST_0))
-    delta: float | None = setting(None, "INTELLECT-2's cap of the ratio above the clip, which "
-                                  "bounds a negative advantage's term", optional(AT_LEAST_1),
-                                  switch=True)
-    policy_loss: str = setting("clip", "the policy term (POLICY_LOSSES): clip (PPO's, GRPO's), "
-                               "cispo (MiniMax-M1), sapo (a soft gate), vespo (a Gamma-shaped "
-                               "sequence weight)", one_of(("clip", "cispo", "sapo", "vespo")),
-                               switch=True)
+    delta: float | None = setting(
+        None, "INTELLECT-2's cap of the ratio above the clip, which bounds a negative advantage's "
+        "term", optional(AT_LEAST_1), switch=True, needs=Rule(
+            lambda v, s: v is None or (s.policy_loss == "clip" and v > 1 + clip_high(s)),
+            "PPO's clip as the policy term, and a number above 1 + clip_eps_high"))
+    policy_loss: str = setting(
+        "clip", "the policy term (POLICY_LOSSES): clip (PPO's, GRPO's), cispo (MiniMax-M1), sapo "
+        "(a soft gate), vespo (a Gamma-shaped sequence weight)",
+        one_of(("clip", "cispo", "sapo", "vespo")), switch=True,
+        needs=Rule(lambda v, s: v != "vespo" or (s.importance_sampling_level == "token"
+                                                 and correction_mode(s) is None),
+                   "(vespo, which weighs each completion by its own sequence ratio) the token "
+                   "level and no sampler correction: TRL folds a token-level correction into "
+                   "the weight, this repo does not"))
     sapo_temperature_pos: float = setting(1.0, "SAPO's tau where the advantage is > 0", POSITIVE)
     sapo_temperature_neg: float = setting(1.05, "SAPO's tau where the advantage is <= 0", POSITIVE)
     vespo_k_pos: float = setting(2.0, "VESPO's power k where the advantage is >= 0", AT_LEAST_0)
@@ -359,12 +379,17 @@ class LossSettings:
         "sequence_mask", "the correction's ratio and bound: token_truncate, token_mask, "
         "sequence_truncate or sequence_mask (one ratio per completion)",
         one_of(("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")))
-    importance_sampling_clip_max: float | None = setting(3.0, "the correction's upper bound",
-                                                         optional(AT_LEAST_1))
+    importance_sampling_clip_max: float | None = setting(
+        3.0, "the correction's upper bound", optional(AT_LEAST_1), needs=Rule(
+            lambda v, s: v is not None or s.importance_sampling_clip_min is not None,
+            "a number, or a lower bound: the correction bounds the ratio on one side at least"))
     importance_sampling_clip_min: float | None = setting(None, "the correction's lower bound",
                                                          optional(PROBABILITY))
-    tis_cap: float | None = setting(None, "C: the correction, token_truncate at C (this repo's "
-                                    "name before TRL's)", optional(AT_LEAST_1), switch=True)
+    tis_cap: float | None = setting(
+        None, "C: the correction, token_truncate at C (this repo's name before TRL's)",
+        optional(AT_LEAST_1), switch=True, needs=Rule(
+            lambda v, s: v is None or not s.importance_sampling_correction,
+            "the correction's own switch off: it is that switch, token_truncate at C; set one"))
     off_policy_mask_threshold: float | None = setting(
         None, "DeepSeek-V3.2: a completion with A < 0 whose mean log(pi_sampler / pi_theta) "
         "passes this leaves the policy term (0.5, say)", optional(AT_LEAST_0), switch=True)
@@ -379,7 +404,9 @@ class LossSettings:
         "climbs by entropy_coef_delta while the entropy is at most entropy_target, else falls; "
         "applied only then", switch=True)
     entropy_coef_min: float = setting(0.0, "the adaptive coefficient's floor", AT_LEAST_0)
-    entropy_coef_max: float = setting(1.0, "the adaptive coefficient's ceiling", AT_LEAST_0)
+    entropy_coef_max: float = setting(1.0, "the adaptive coefficient's ceiling", AT_LEAST_0,
+                                      needs=Rule(lambda v, s: v >= s.entropy_coef_min,
+                                                 "a number at least the floor"))
     entropy_coef_delta: float = setting(0.005, "the adaptive coefficient's step", AT_LEAST_0)
     entropy_target: float = setting(0.2, "the mean token entropy (nats) the adaptive coefficient "
                                     "holds the policy at or above", AT_LEAST_0)
@@ -443,7 +470,8 @@ class Loss:
     aggregate: typing.Callable  # LOSS_AGGS'
     bonuses: list  # the entropy bonus's
     measures: list  # what only measures: the entropy; the KL when it is in the rewards
-    top_entropy_quantile: float = 1.0  # < 1: the step marks its high-entropy tokens first
+    entropy_quantile: float = 1.0  # < 1: the step marks its high-entropy tokens first
+    drops_truncated: bool = False  # the step leaves truncated completions out of the loss
 
     def __call__(self, x: Terms, sizes: Sizes) -> tuple[torch.Tensor, dict]:
         x.ratio = self.ratio(x)  # [b, N]: the one ratio every part reads
@@ -510,7 +538,7 @@ def sequence_ratio(x: Terms) -> torch.Tensor:
 
 IMPORTANCE_SAMPLING_LEVELS = {"token": token_ratio, "sequence": sequence_ratio}
 
-# the policy term (policy_loss, delta): per-token loss [b, N] and measures
+# the policy term: per-token loss [b, N] and measures
 
 
 def clip(x: Terms, low: float, high: float) -> tuple[torch.Tensor, dict]:
@@ -573,7 +601,7 @@ POLICY_LOSSES = {"clip": clip, "cispo": cispo, "sapo": sapo, "vespo": vespo}
 
 
 def high_entropy_only(x: Terms) -> tuple[torch.Tensor, dict]:
-    """top_entropy_quantile (arXiv:2506.01939): only the step's highest-entropy tokens carry the
+    """The top-entropy mask (arXiv:2506.01939): only the step's highest-entropy tokens carry the
     policy gradient (MicroBatch.policy_mask, set by mark_high_entropy)."""
     return x.policy_mask, {}
 
@@ -670,7 +698,7 @@ KL_ESTIMATORS = {"k3": k3, "k3_is": k3_is, "k2": k2, "k1_reward": None}
 
 def entropy_bonus(x: Terms, sizes: Sizes, coef: float) -> torch.Tensor:
     """coef times the mean entropy of the tokens whose policy term counts, subtracted from the loss
-    whatever loss_agg (TRL's entropy_coef: a token mean, so that coef means the same under every
+    whatever loss_agg (TRL's: a token mean, so that coef means the same under every
     aggregation). With its gradient: completion_logprobs computes each token's."""
     return coef * (x.entropy * x.policy_mask).sum() / sizes.policy_tokens
 
@@ -695,7 +723,7 @@ class AdaptiveEntropy:
         return coef * (x.entropy * on).sum() / sizes.policy_tokens
 
     def after_step(self) -> dict:
-        """The step's entropy (every rank's) moves the coefficient; -> {"entropy_coef": it}."""
+        """The step's entropy (every rank's) moves the coefficient; -> the coefficient, to log."""
         total, count = summed_over_ranks(self.sums).tolist()
         self.last_entropy = total / max(count, 1.0)
         step = self.delta if self.last_entropy <= self.target else -self.delta
@@ -712,7 +740,7 @@ class AdaptiveEntropy:
 
 def policy_tokens(x: Terms) -> dict:
     """The policy_token_frac measure: the completion tokens whose policy term counts
-    (top_entropy_quantile's and mask_truncated_completions' policy_mask)."""
+    (the top-entropy mask's and the truncation mask's policy_mask)."""
     return {"policy_token_frac": summed(x, x.policy_mask)}
 
 
@@ -759,7 +787,7 @@ LOSS_AGGS = {"seq_mean": seq_mean, "token_mean": token_mean, "constant": constan
 def loss_of(cfg) -> Loss:
     """The Loss cfg's loss settings ask for (a TrainConfig, a LossSettings, or any object with
     them), each part's settings bound: built once at set-up."""
-    high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    high = clip_high(cfg)
     settings = {  # each policy term's
         clip: dict(low=cfg.clip_eps, high=high), cispo: dict(high=high),
         sapo: dict(positive=cfg.sapo_temperature_pos, negative=cfg.sapo_temperature_neg),
@@ -771,6 +799,7 @@ def loss_of(cfg) -> Loss:
         policy = partial(two_sided_clip, low=cfg.clip_eps, high=high, delta=cfg.delta)
     weights = []
     quantile = cfg.top_entropy_quantile
+    truncated = cfg.mask_truncated_completions
     if quantile < 1:
         weights.append(high_entropy_only)
     threshold = cfg.off_policy_mask_threshold
@@ -796,16 +825,21 @@ def loss_of(cfg) -> Loss:
     elif coef > 0:
         bonuses.append(partial(entropy_bonus, coef=coef))
     measures.append(entropy_tokens if bonuses else entropy_sum)
-    if quantile < 1 or cfg.mask_truncated_completions:
+    if quantile < 1 or truncated:
         measures.append(policy_tokens)
     return Loss("tokens" if bonuses else "sum", IMPORTANCE_SAMPLING_LEVELS[
         cfg.importance_sampling_level], policy, weights, penalties, LOSS_AGGS[cfg.loss_agg],
-        bonuses, measures, quantile)
+        bonuses, measures, quantile, truncated)
+
+
+def clip_high(cfg) -> float:
+    """The clip's bound above 1 is 1 + this: clip_eps_high, or clip_eps where it is None."""
+    return cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
 
 
 def correction_mode(cfg) -> tuple | None:
-    """The sampler correction cfg asks for, (importance_sampling_mode, clip_min, clip_max), or None:
-    tis_cap = C is ("token_truncate", None, C), the name this repo had before TRL's."""
+    """The sampler correction cfg asks for, (its mode, lower bound, upper bound), or None; the
+    older cap C is ("token_truncate", None, C)."""
     if cfg.tis_cap is not None:
         return "token_truncate", None, cfg.tis_cap
     if cfg.importance_sampling_correction:
@@ -820,8 +854,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     """The loss to minimise (= -J of DeepSeekMath) of one batch (or micro-batch) under these
     settings -> (loss, stats): loss_of's Loss in one call, for a caller outside a run (tests,
     tools/bandit.py). `settings`: any of LossSettings' fields as keywords (the config keys of the
-    same names, with the same defaults; mask_truncated_completions is loss_mask here), checked by
-    their rules.
+    same names, with the same defaults; dropping truncated completions is loss_mask here), checked
+    by their rules.
 
     logp [B, T]: the sampled tokens' log-probs under the policy, with grad (padding finite: 0).
     old_logp [B, T] or None: under the sampling policy, no grad. None (mu = 1): logp.detach().
@@ -840,8 +874,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     adding up to the batch's means: ratio_mean and each part's measures (kl, clip fractions, ...).
     """
     cfg = LossSettings(**settings, mask_truncated_completions=loss_mask is not None)
-    check(cfg)  # each setting's rule
-    check_loss_settings(cfg)
+    check(cfg)  # each setting's rule and needs
     loss = loss_of(cfg)
     if loss_state is not None:
         loss.load_state_dict(loss_state)
@@ -849,7 +882,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     if cfg.beta > 0 and ref_logp is None:
         raise ValueError(f"beta={cfg.beta} needs ref_logp; pass beta=0 to train without a "
                          "reference")
-    if entropy is None and (loss.bonuses or loss.top_entropy_quantile < 1):
+    if entropy is None and (loss.bonuses or loss.entropy_quantile < 1):
         raise ValueError("the entropy bonus and the top-entropy mask read each token's entropy: "
                          "pass it")
     if sampler_logp is None and reads_sampler:
@@ -858,8 +891,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, num_sequences=None, nu
     mask = mask.bool()
     loss_mask = mask if loss_mask is None else mask & loss_mask.bool()
     policy_mask = loss_mask
-    if loss.top_entropy_quantile < 1:
-        floor = entropy_floor(entropy[loss_mask].detach(), loss.top_entropy_quantile)
+    if loss.entropy_quantile < 1:
+        floor = entropy_floor(entropy[loss_mask].detach(), loss.entropy_quantile)
         policy_mask = loss_mask & (entropy.detach() >= floor)
     if entropy is None:  # nothing to measure it from
         loss.measures.remove(entropy_sum)
@@ -890,39 +923,10 @@ def entropy_floor(values: torch.Tensor, quantile: float):
 # each setting's own rule)
 
 
-def check_loss_settings(cfg):
-    """A ValueError naming the settings unless the loss's settings (LossSettings, each within its
-    rule) fit together."""
-    high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
-    if cfg.delta is not None and not (cfg.policy_loss == "clip" and cfg.delta > 1 + high):
-        raise ValueError(f"delta caps PPO's ratio above the clip: it needs policy_loss='clip' and "
-                         f"a number above 1 + clip_eps_high = {1 + high}, got {cfg.delta} with "
-                         f"policy_loss={cfg.policy_loss!r}")
-    if cfg.tis_cap is not None and cfg.importance_sampling_correction:
-        raise ValueError("tis_cap=C is importance_sampling_correction=True with "
-                         "importance_sampling_mode='token_truncate' and "
-                         "importance_sampling_clip_max=C: set one or the other")
-    bounds = (cfg.importance_sampling_clip_min, cfg.importance_sampling_clip_max)
-    if cfg.importance_sampling_correction and bounds == (None, None):
-        raise ValueError("importance_sampling_correction bounds the ratio pi_old / pi_sampler: "
-                         "importance_sampling_clip_min and importance_sampling_clip_max are both "
-                         "None")
-    if cfg.policy_loss == "vespo" and (cfg.importance_sampling_level != "token"
-                                       or correction_mode(cfg) is not None):
-        raise ValueError("policy_loss='vespo' weighs each completion by its own sequence ratio: "
-                         "it needs importance_sampling_level='token' and no sampler correction "
-                         "(TRL folds a token-level correction into the weight; this repo does "
-                         "not)")
-    if not cfg.entropy_coef_min <= cfg.entropy_coef_max:
-        raise ValueError(f"entropy_coef_min={cfg.entropy_coef_min} is above "
-                         f"entropy_coef_max={cfg.entropy_coef_max}")
-
-
 def check_settings(cfg):
-    """A ValueError naming the settings unless cfg's loss settings fit together
-    (check_loss_settings), its advantage settings suit its method and group size, and a method
-    without GRPO's loss leaves every switch off."""
-    check_loss_settings(cfg)
+    """A ValueError naming the settings unless cfg's advantage settings suit its method and group
+    size, and a method without GRPO's loss leaves every switch off (each setting's rule and needs
+    are checked before, by settings.check)."""
     if cfg.adv_scale == "none" and cfg.scale_rewards == "batch":
         raise ValueError("adv_scale='none' (no std) and scale_rewards='batch' (the batch's std) "
                          "disagree; adv_scale is scale_rewards' older name: set scale_rewards "
@@ -940,8 +944,7 @@ def check_settings(cfg):
 
 def check_group_settings(cfg):
     """GRPO's advantage settings: a baseline and scale group_advantages computes for this group
-    size, k1_reward's needs (the penalty lives in the outcome advantages), GDPO's (each reward
-    normalised alone: no shaping of the total, GRPO's baseline and std), none of PPO's keys."""
+    size, k1_reward's needs (the penalty lives in the outcome advantages), none of PPO's keys."""
     check_advantage_settings(cfg.adv_baseline, reward_scale(cfg), cfg.group_size)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         if cfg.supervision == "process":
@@ -954,18 +957,6 @@ def check_group_settings(cfg):
                              "divides beta back out and the KL alone gets unit-sized advantages; "
                              "set scale_rewards='none' (Dr. GRPO), or keep a std with a "
                              "loss-side estimator (k3_is)")
-    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"
-    others = [key for key in changed(AdvantageSettings, cfg)
-              if key != "multi_objective_aggregation"]
-    shaped = cfg.random_reward or cfg.overlong_buffer_len or cfg.supervision != "outcome"
-    if gdpo and (others or shaped or cfg.kl_estimator == "k1_reward"):
-        raise ValueError("multi_objective_aggregation='normalize_then_sum' (GDPO) normalises each "
-                         "reward in its group, then their weighted sum over the batch: it takes "
-                         "no other advantage setting, no shaping of the total (random_reward, "
-                         "overlong_buffer_len, k1_reward) and supervision='outcome'; got "
-                         f"{others}, random_reward={cfg.random_reward}, overlong_buffer_len="
-                         f"{cfg.overlong_buffer_len}, kl_estimator={cfg.kl_estimator!r}, "
-                         f"supervision={cfg.supervision!r}")
     if changed(CriticSettings, cfg):
         raise ValueError(f"{', '.join(changed(CriticSettings, cfg))}: PPO's (method='ppo'); "
                          f"method={cfg.method!r} has no critic")

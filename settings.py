@@ -20,11 +20,14 @@ class Rule:
     says: str
 
 
-def setting(default, doc: str, rule: Rule | None = None, switch: bool = False):
+def setting(default, doc: str, rule: Rule | None = None, switch: bool = False,
+            needs: Rule | None = None):
     """A dataclass field declaring a setting: its default, its doc (--help prints it), its rule
-    (checked when the config loads) and whether it is a switch (its default is off, and only
-    method="grpo" and "ppo" read it)."""
-    return dataclasses.field(default=default, metadata={"doc": doc, "rule": rule, "switch": switch})
+    (checked when the config loads), whether it is a switch (its default is off, and only
+    method="grpo" and "ppo" read it), and what it needs of the other settings: needs.ok(value,
+    settings)."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "rule": rule, "switch": switch,
+                                                        "needs": needs})
 
 
 def one_of(table) -> Rule:
@@ -57,12 +60,16 @@ def fields_of(settings) -> tuple:
 
 
 def check(settings):
-    """A ValueError naming the first setting of `settings` (a dataclass, or the class and a
-    namespace) whose rule refuses its value."""
+    """A ValueError naming the first setting of `settings` (a dataclass) whose rule refuses its
+    value, or whose needs the other settings do not meet."""
     for f in fields_of(settings):
         rule, value = f.metadata["rule"], getattr(settings, f.name)
         if rule is not None and not rule.ok(value):
             raise ValueError(f"{f.name} must be {rule.says}, got {value!r}")
+    for f in fields_of(settings):
+        needs, value = f.metadata["needs"], getattr(settings, f.name)
+        if needs is not None and not needs.ok(value, settings):
+            raise ValueError(f"{f.name}={value!r} needs {needs.says}")
 
 
 def defaults(cls, switches: bool = False) -> dict:

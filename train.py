@@ -155,7 +155,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     # 1. rollout: group_size completions of prompts_per_step questions, sampled, scored, shaped
     samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
-    trained = samples.stopped if cfg.mask_truncated_completions else None  # DAPO: no truncated
+    trained = samples.stopped if run.loss.drops_truncated else None  # DAPO: no truncated
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs, trained)
     # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too
@@ -166,8 +166,8 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if cfg.mu > 1:
         add_logprobs(run.policy, batches, "old_logp", cfg.temperature, cfg.logprob_chunk,
                      run.autocast)
-    if run.loss.top_entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
-        mark_high_entropy(run.policy, batches, run.loss.top_entropy_quantile, cfg.temperature,
+    if run.loss.entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
+        mark_high_entropy(run.policy, batches, run.loss.entropy_quantile, cfg.temperature,
                           cfg.logprob_chunk, run.autocast)
     # 3. advantages: the rewards normalised within each group; PPO: GAE on its critic's values
     if run.critic is None:

@@ -43,9 +43,9 @@ class MicroBatch:
     prompt_width: int  # P
     rows: list[int]  # the step's rows this micro-batch holds, in its order
     # [b, N] bool: the tokens the loss trains on and is normalised over (mask, less the completions
-    # masked out: mask_truncated_completions)
+    # masked out: DAPO's truncation mask)
     loss_mask: torch.Tensor | None = None
-    # [b, N] bool: the tokens whose policy term counts (loss_mask; top_entropy_quantile narrows it)
+    # [b, N] bool: the tokens whose policy term counts (loss_mask; the top-entropy mask narrows it)
     policy_mask: torch.Tensor | None = None
     advantages: torch.Tensor | None = None  # [b] float32, or [b, N] per token (set_advantages)
     old_logp: torch.Tensor | None = None  # [b, N] under the sampling policy (mu > 1 only)
@@ -162,7 +162,7 @@ def _scattered(pieces: list[torch.Tensor], mask: torch.Tensor, like: torch.Tenso
 @torch.no_grad()
 def mark_high_entropy(policy, batches: list[MicroBatch], quantile: float, temperature: float,
                       chunk: int, autocast):
-    """top_entropy_quantile (Wang et al. 2025, "Beyond the 80/20 rule", arXiv:2506.01939): each
+    """The top-entropy mask (Wang et al. 2025, "Beyond the 80/20 rule", arXiv:2506.01939): each
     micro-batch's policy_mask keeps the tokens of its loss_mask whose entropy under the policy lies
     in the top `quantile` of the whole step's loss tokens (every rank's; torch.quantile's linear
     interpolation, as TRL's). One no-grad forward of the step; the tokens are chosen once, before
