@@ -14,6 +14,7 @@ import torch
 import sft
 import data
 import rollout
+import run as run_module
 import train
 from data import chain_key, load_gsm8k, load_problems, main as data_main, synthetic_problems, synthetic_split
 from sft import sft_text
@@ -143,7 +144,7 @@ def tiny_config(out_dir, *files, **overrides):
 
 def test_the_warm_start_sees_only_warm_start_solutions(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(train, "warm_start", lambda model, prompts, targets, cfg, *args, **kwargs: seen.update(
+    monkeypatch.setattr(run_module, "warm_start", lambda model, prompts, targets, cfg, *args, **kwargs: seen.update(
         prompts=prompts, targets=targets) or cfg.sft_steps)
     cfg = tiny_config(tmp_path, max_steps=0)
     train.train(cfg)
@@ -168,7 +169,7 @@ def test_a_warm_start_set_without_worked_solutions_is_refused(tmp_path, monkeypa
 
 
 def test_a_warm_start_prompt_longer_than_the_context_is_named_before_the_warm_start(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "warm_start", lambda *args: pytest.fail("the warm start ran"))
+    monkeypatch.setattr(run_module, "warm_start", lambda *args: pytest.fail("the warm start ran"))
     split = {"warm_ops": (6, 6), "warm_mix": "any", "rl_ops": (1, 1), "rl_mix": "any", "max_operand": 9,
              "max_start": 50, "restate": True}  # warm questions of six clauses, RL and held-out of one
     tiny = tiny_config(tmp_path, synthetic_args=split)
@@ -269,7 +270,7 @@ def test_the_baselines_refuse_torchrun_and_grpo_accepts_it(tmp_path, monkeypatch
 def test_init_from_starts_from_the_checkpoint_weights_without_a_warm_start(tmp_path, monkeypatch):
     train.train(tiny_config(tmp_path / "warm", max_steps=0, sft_steps=3))
     warm = torch.load(tmp_path / "warm" / "sft.pt", weights_only=True)["model"]
-    monkeypatch.setattr(train, "warm_start", lambda *args: pytest.fail("init_from must skip the warm start"))
+    monkeypatch.setattr(run_module, "warm_start", lambda *args: pytest.fail("init_from must skip the warm start"))
     for files in ((), ("demo_sft_answers.py",)):
         out = tmp_path / "_".join(files or ("grpo",))
         train.train(tiny_config(out, *files, init_from=str(tmp_path / "warm" / "sft.pt"), max_steps=0, seed=7,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import rollout
+import run as run_module
 import train
 from conftest import ROOT
 from data import answer_only, chain_key, has_worked_solution, load_problems, synthetic_split
@@ -76,7 +77,7 @@ def test_answer_only_warm_rows_are_refused_unless_the_config_asks_for_direct_ans
 
 def test_the_demo_warm_start_trains_on_both_behaviours(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(train, "warm_start", lambda model, prompts, targets, cfg, *args, **kwargs: seen.update(
+    monkeypatch.setattr(run_module, "warm_start", lambda model, prompts, targets, cfg, *args, **kwargs: seen.update(
         prompts=prompts, targets=targets) or cfg.sft_steps)
     cfg = config(model_args={**config().model_args, "dim": 16, "n_layers": 1, "head_dim": 4, "ffn_dim": 32},
                  synthetic_warm_size=200, synthetic_train_size=50, synthetic_eval_size=8, eval_size=8, eval_every=0,

@@ -12,6 +12,7 @@ import torch
 import config
 import grpo
 import rollout
+import run as run_module
 import train
 from config import TrainConfig
 from data import load_problems
@@ -76,8 +77,8 @@ def test_the_loss_settings_are_config_keys_with_the_same_defaults_and_build_the_
         read |= settings.read
     assert read == set(LOSS_KEYS)
     seen = []
-    real = train.loss_of
-    monkeypatch.setattr(train, "loss_of", lambda cfg: seen.append(cfg) or real(cfg))
+    real = run_module.loss_of
+    monkeypatch.setattr(run_module, "loss_of", lambda cfg: seen.append(cfg) or real(cfg))
     cfg = tiny(tmp_path, max_steps=1, clip_eps=0.1, clip_eps_high=0.3, beta=0.05, kl_estimator="k2",
                loss_agg="token_mean", importance_sampling_level="sequence", tis_cap=1.5)
     train.train(cfg)

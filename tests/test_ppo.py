@@ -17,6 +17,7 @@ import torch
 
 import grpo
 from settings import defaults
+import run as run_module
 import train
 from grpo import gae, token_rewards, value_loss, whitened
 from test_guards import log_steps, tiny
@@ -152,13 +153,13 @@ def test_a_ppo_run_logs_what_a_ppo_user_reads_and_trains_its_critic(tmp_path):
 
 def test_the_critic_starts_from_the_warm_start_a_copy_with_a_zero_head(tmp_path, monkeypatch):
     made = []
-    real = train.Critic
+    real = run_module.Critic
 
     def making(policy):
         critic = real(policy)
         made.append((policy, critic, {k: v.clone() for k, v in critic.state_dict().items()}))
         return critic
-    monkeypatch.setattr(train, "Critic", making)
+    monkeypatch.setattr(run_module, "Critic", making)
     train.train(ppo(tmp_path, max_steps=1, sft_steps=3))  # a warm start first: the critic starts from its weights
     policy, critic, at_making = made[0]
     warm = torch.load(tmp_path / "sft.pt", weights_only=True)["model"]

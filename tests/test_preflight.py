@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import run_management as preflight
+import run as run_module
 import train
 from conftest import ROOT
 from run_management import refused
@@ -212,7 +213,7 @@ def test_activation_checkpointing_left_unset_is_chosen_from_the_memory_and_said(
 def test_a_cpu_run_leaves_checkpointing_off_unless_asked(tmp_path, monkeypatch):
     seen = []
     real = preflight.grad_checkpointing_of
-    monkeypatch.setattr(train, "grad_checkpointing_of", lambda *args: seen.append(real(*args)) or seen[-1])
+    monkeypatch.setattr(run_module, "grad_checkpointing_of", lambda *args: seen.append(real(*args)) or seen[-1])
     train.train(tiny(tmp_path / "unset", max_steps=1))
     train.train(tiny(tmp_path / "asked", max_steps=1, grad_checkpointing=True))
     assert seen == [(False, ""), (True, "")]

@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+import run as run_module
 import train
 from conftest import qwen_tokenizer_dir
 from config import load_config
@@ -112,8 +113,8 @@ def test_a_run_with_reasoning_and_final_tags_trains_on_them_and_eval_reads_them_
     """The modification a researcher makes: other tags, one config value. The warm start's targets hold them,
     config.json and the checkpoint record the whole template, and eval.py scores with the recorded one."""
     spec = {"prompt": "Q: {question}\nA: ", **REASONING}
-    seen, real = {}, train.warm_start
-    monkeypatch.setattr(train, "warm_start", lambda model, prompts, targets, *args, **kwargs: seen.update(
+    seen, real = {}, run_module.warm_start
+    monkeypatch.setattr(run_module, "warm_start", lambda model, prompts, targets, *args, **kwargs: seen.update(
         prompts=prompts, targets=targets) or real(model, prompts, targets, *args, **kwargs))
     train.train(tiny(tmp_path / "run", template=spec, sft_steps=2, sft_batch_size=4, max_steps=1))
     tok = CharTokenizer()
