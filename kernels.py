@@ -4,7 +4,11 @@ hundred rows, one token each) a step's time is its kernel launches, not its byte
 replaces a few torch ops of model.py or sample.py, named in its docstring; that torch code stays the
 reference, the CPU path and the fallback. tests/test_kernels.py runs each kernel on the CPU under
 Triton's interpreter (TRITON_INTERPRET=1) against its reference, and a whole fused decode step
-against the model's forward.
+against the model's forward; and, since the interpreter checks none of the GPU's shape rules,
+compiles each kernel to a cubin for sm_80 and sm_90 (Triton's pipeline and bundled ptxas, on the
+CPU) at the shapes of every architecture the project loads. A head of any even head_dim takes
+padded(head_dim) lanes. Integer arguments that change within a run (the cache's and a split's
+length) are do_not_specialize: a cache of another length compiles nothing new.
 
     hidden = decode_step(model, ids, positions, slot, starts, cache, attend)  # one token per row
 
@@ -74,7 +78,8 @@ def _qk_normed(attn, qkv, config):
 
 def possible(model, device) -> bool:
     """Whether decode_step can decode for model on device: Triton importable, CUDA, a fused model
-    (its sampler copy) without LoRA adapters."""
+    (its sampler copy) without LoRA adapters. Any head_dim (even, as ModelConfig requires) compiles:
+    the kernels pad it (padded)."""
     return (triton is not None and device.type == "cuda"
             and hasattr(model.layers[0].attn, "qkv_weight")
             and not any(hasattr(m, "lora_A") for m in model.modules()))
