@@ -24,6 +24,7 @@ import data
 import grpo
 import model
 import rewards
+from answers import ANSWER_CHECKERS
 from distributed import world_size
 from rewards import REFLECTION_MARKERS
 from settings import AT_LEAST_0, AT_LEAST_1, check, help_lines, one_of, setting, within
@@ -55,7 +56,8 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     # chains occur in neither); "math": MATH-format rows {"problem", "solution", "answer",
     # "subject", "level"}, training from data/math/train.jsonl (downloaded and sha256-checked on
     # first use: `python data.py math`) at math_levels, held out from data/math500 (MATH-500)
-    dataset: str = "gsm8k"
+    dataset: str = setting("gsm8k", "the training and held-out problems (above)",
+                           one_of(data.DATASETS))
     data_dir: str = "data/gsm8k"  # dataset="math": "data/math" unless set
     train_split: str = "train"
     eval_split: str = "test"
@@ -93,7 +95,8 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     # how correctness reads and compares answers (answers.ANSWER_CHECKERS): "gsm8k" (numbers:
     # answers.is_equiv) or "math" (LaTeX: math_answers.is_equiv_math, answers in the answer tag,
     # \boxed{} or "the answer is"); "auto" = "math" for dataset="math", else "gsm8k"
-    answer_checker: str = "auto"
+    answer_checker: str = setting("auto", "how correctness reads and compares answers (above)",
+                                  one_of(("auto", *ANSWER_CHECKERS)))
     # a control: correctness replaced by a coin landing 1 with this probability, independent of the
     # answer (0 = off; rollout.random_reward); the logged accuracy stays the true one
     random_reward: float = 0.0
@@ -183,10 +186,10 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     overwrite: bool = False  # start again in an out_dir that holds a run, deleting that run's files
     # system
     seed: int = 1337
-    device: str = "auto"  # "auto" (cuda if available) | "cuda" | "cpu"
-    # the forward passes' compute dtype: "auto" (bfloat16 on cuda, float32 on cpu) | "bfloat16" |
-    # "float32"
-    dtype: str = "auto"
+    device: str = setting("auto", "auto (cuda if available), cuda or cpu",
+                          one_of(("auto", "cuda", "cpu")))
+    dtype: str = setting("auto", "the forward passes' compute dtype: auto (bfloat16 on cuda, "
+                         "float32 on cpu)", one_of(("auto", "bfloat16", "float32")))
     # under torchrun: "ddp" (replicas) | "fsdp" (FSDP2 shards weights, gradients, AdamW state)
     sharding: str = setting("ddp", "under torchrun: ddp (replicas) or fsdp (FSDP2 shards)",
                             one_of(("ddp", "fsdp")))

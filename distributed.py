@@ -100,14 +100,6 @@ def spread(policy: Transformer, sharding: str, device: torch.device) -> Replicas
     return None
 
 
-def accumulating(policy, last: bool):
-    """The context of one micro-batch's backward: DDP all-reduces the gradients in the last
-    micro-batch's backward only, after the others accumulated theirs (no_sync); anything else needs
-    nothing."""
-    return (policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last
-            else contextlib.nullcontext())
-
-
 def whole(tensor: torch.Tensor) -> torch.Tensor:
     """tensor whole: an FSDP2 DTensor shard is all-gathered (a collective: every rank must call
     this)."""
@@ -176,6 +168,14 @@ def from_every_rank(obj) -> list:
     objs = [None] * world_size()
     dist.all_gather_object(objs, obj)
     return objs
+
+
+def accumulating(policy, last: bool):
+    """The context of one micro-batch's backward: DDP all-reduces the gradients in the last
+    micro-batch's backward only, after the others accumulated theirs (no_sync); anything else needs
+    nothing."""
+    return (policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last
+            else contextlib.nullcontext())
 
 
 def all_samples(samples):

@@ -89,17 +89,6 @@ def advantages_of(samples, batches, cfg) -> tuple[torch.Tensor, dict]:
     return advantages, stats
 
 
-def advantage_stats(advantages: torch.Tensor, lengths: list[int]) -> dict:
-    """What the step logs of its advantages, [B] per completion (or [B, T] per token, over each
-    completion's `lengths` tokens): their mean |A| and std, and the share of them that are 0 (a
-    group of equal rewards: no signal). This rank's (every rank's when they log alike)."""
-    if advantages.dim() == 2:  # per token: the completion tokens'
-        advantages = advantages[torch.arange(advantages.shape[1]) < torch.tensor(lengths)[:, None]]
-    return {"adv_abs_mean": advantages.abs().mean().item(),
-            "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
-            "adv_zero_frac": (advantages == 0).float().mean().item()}
-
-
 def gdpo_fits(cfg) -> bool:
     """Whether GDPO's advantages fit cfg: GRPO's baseline and scale, outcome supervision, no shaping
     of the total reward (a shaping term is no reward function of its own)."""
@@ -183,6 +172,17 @@ def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6
 def _grouped(rewards, group_size):
     """rewards [B] -> [B // group_size, group_size] float32 (a ragged batch raises)."""
     return rewards.float().view(-1, group_size)
+
+
+def advantage_stats(advantages: torch.Tensor, lengths: list[int]) -> dict:
+    """What the step logs of its advantages, [B] per completion (or [B, T] per token, over each
+    completion's `lengths` tokens): their mean |A| and std, and the share of them that are 0 (a
+    group of equal rewards: no signal). This rank's (every rank's when they log alike)."""
+    if advantages.dim() == 2:  # per token: the completion tokens'
+        advantages = advantages[torch.arange(advantages.shape[1]) < torch.tensor(lengths)[:, None]]
+    return {"adv_abs_mean": advantages.abs().mean().item(),
+            "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+            "adv_zero_frac": (advantages == 0).float().mean().item()}
 
 
 def zero_std_group_fraction(rewards, group_size):
@@ -472,6 +472,7 @@ class Loss:
     measures: list  # what only measures: the entropy; the KL when it is in the rewards
     entropy_quantile: float = 1.0  # < 1: the step marks its high-entropy tokens first
     drops_truncated: bool = False  # the step leaves truncated completions out of the loss
+    stateful: list = dataclasses.field(default_factory=list)  # parts with state across steps
 
     def __call__(self, x: Terms, sizes: Sizes) -> tuple[torch.Tensor, dict]:
         x.ratio = self.ratio(x)  # [b, N]: the one ratio every part reads
@@ -492,32 +493,19 @@ class Loss:
             sums.update(part(x))
         return loss, {key: value / sizes.scored for key, value in sums.items()}
 
-    def stateful(self) -> list:
-        """The parts that keep state from one optimizer step to the next."""
-        parts = [self.ratio, self.policy, *self.weights, *self.penalties, self.aggregate,
-                 *self.bonuses, *self.measures]
-        return [part for part in parts if hasattr(part, "after_step")]
-
     def after_step(self) -> dict:
-        """Called by the update after each optimizer step: each part that keeps state updates it;
+        """After each optimizer step (the update calls it): each part that keeps state updates it;
         -> what they log."""
-        logged = {}
-        for part in self.stateful():
-            logged.update(part.after_step())
-        return logged
+        return {key: value for part in self.stateful for key, value in part.after_step().items()}
 
     def state_dict(self) -> dict:
         """The stateful parts' state, by class name: the checkpoint keeps it."""
-        return {type(part).__name__: part.state_dict() for part in self.stateful()}
+        return {type(part).__name__: part.state_dict() for part in self.stateful}
 
     def load_state_dict(self, state: dict):
-        for part in self.stateful():
+        for part in self.stateful:
             part.load_state_dict(state[type(part).__name__])
 
-
-def summed(x: Terms, value: torch.Tensor) -> torch.Tensor:
-    """value's sum over the micro-batch's completion tokens (0-d, no grad): a measure."""
-    return (value.detach().float() * x.scored).sum()
 
 # the ratio (importance_sampling_level), [b, N] with grad
 
@@ -549,6 +537,11 @@ def clip(x: Terms, low: float, high: float) -> tuple[torch.Tensor, dict]:
     token_loss = -torch.minimum(x.ratio * x.advantages, clipped * x.advantages)
     return token_loss, {"clip_frac_low": summed(x, (x.advantages < 0) & (x.ratio < 1 - low)),
                         "clip_frac_high": summed(x, (x.advantages > 0) & (x.ratio > 1 + high))}
+
+
+def summed(x: Terms, value: torch.Tensor) -> torch.Tensor:
+    """value's sum over the micro-batch's completion tokens (0-d, no grad): a measure."""
+    return (value.detach().float() * x.scored).sum()
 
 
 def two_sided_clip(x: Terms, low: float, high: float, delta: float) -> tuple[torch.Tensor, dict]:
@@ -696,6 +689,39 @@ def k2(x: Terms, log_ratio: torch.Tensor, kl: torch.Tensor) -> torch.Tensor:
 KL_ESTIMATORS = {"k3": k3, "k3_is": k3_is, "k2": k2, "k1_reward": None}
 
 
+# the aggregation (loss_agg) over the tokens in the loss, with the whole step's normalisers
+
+
+def seq_mean(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
+    """DeepSeekMath eq. 3: each completion's mean over its tokens, averaged over the
+    completions: sum_i (sum_t loss_it / |o_i|) / N."""
+    per_row = (token_loss * mask).sum(dim=1)  # [b]
+    return (per_row / mask.sum(dim=1).clamp(min=1)).sum() / sizes.sequences
+
+
+def token_mean(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
+    """DAPO (arXiv:2503.14476, eq. 8): the mean over the step's tokens, sum_it loss_it / tokens."""
+    return (token_loss * mask).sum(dim=1).sum() / sizes.tokens
+
+
+def constant(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
+    """Dr. GRPO (arXiv:2503.20783): sum_it loss_it / (max_new_tokens * N), no length bias."""
+    return (token_loss * mask).sum(dim=1).sum() / (sizes.width * sizes.sequences)
+
+
+def luspo(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
+    """LUSPO (arXiv:2602.05261): each completion's summed loss (GSPO's mean times its length, so
+    that long completions are not weighed down), averaged over the completions:
+    sum_i sum_t loss_it / N."""
+    return (token_loss * mask).sum(dim=1).sum() / sizes.sequences
+
+
+LOSS_AGGS = {"seq_mean": seq_mean, "token_mean": token_mean, "constant": constant,
+             "luspo": luspo}
+
+# the bonuses (the entropy), subtracted from the aggregated loss, and what only measures
+
+
 def entropy_bonus(x: Terms, sizes: Sizes, coef: float) -> torch.Tensor:
     """coef times the mean entropy of the tokens whose policy term counts, subtracted from the loss
     whatever loss_agg (TRL's: a token mean, so that coef means the same under every
@@ -753,37 +779,6 @@ def entropy_tokens(x: Terms) -> dict:
     """The entropy measure from each token's (an entropy bonus asked for them)."""
     return {"entropy": summed(x, x.entropy)}
 
-# the aggregation (loss_agg) over the tokens in the loss, with the whole step's normalisers
-
-
-def seq_mean(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
-    """DeepSeekMath eq. 3: each completion's mean over its tokens, averaged over the
-    completions: sum_i (sum_t loss_it / |o_i|) / N."""
-    per_row = (token_loss * mask).sum(dim=1)  # [b]
-    return (per_row / mask.sum(dim=1).clamp(min=1)).sum() / sizes.sequences
-
-
-def token_mean(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
-    """DAPO (arXiv:2503.14476, eq. 8): the mean over the step's tokens, sum_it loss_it / tokens."""
-    return (token_loss * mask).sum(dim=1).sum() / sizes.tokens
-
-
-def constant(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
-    """Dr. GRPO (arXiv:2503.20783): sum_it loss_it / (max_new_tokens * N), no length bias."""
-    return (token_loss * mask).sum(dim=1).sum() / (sizes.width * sizes.sequences)
-
-
-def luspo(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
-    """LUSPO (arXiv:2602.05261): each completion's summed loss (GSPO's mean times its length, so
-    that long completions are not weighed down), averaged over the completions:
-    sum_i sum_t loss_it / N."""
-    return (token_loss * mask).sum(dim=1).sum() / sizes.sequences
-
-
-LOSS_AGGS = {"seq_mean": seq_mean, "token_mean": token_mean, "constant": constant,
-             "luspo": luspo}
-
-
 def loss_of(cfg) -> Loss:
     """The Loss cfg's loss settings ask for (a TrainConfig, a LossSettings, or any object with
     them), each part's settings bound: built once at set-up."""
@@ -827,9 +822,10 @@ def loss_of(cfg) -> Loss:
     measures.append(entropy_tokens if bonuses else entropy_sum)
     if quantile < 1 or truncated:
         measures.append(policy_tokens)
+    stateful = [part for part in (*weights, *penalties, *bonuses) if hasattr(part, "after_step")]
     return Loss("tokens" if bonuses else "sum", IMPORTANCE_SAMPLING_LEVELS[
         cfg.importance_sampling_level], policy, weights, penalties, LOSS_AGGS[cfg.loss_agg],
-        bonuses, measures, quantile, truncated)
+        bonuses, measures, quantile, truncated, stateful)
 
 
 def clip_high(cfg) -> float:

@@ -25,7 +25,7 @@ checklist (an nn.Module; tests/test_model.py runs the sampler and the update's l
 that offers only the first four items).
 - model(ids, positions=, attention_mask=, cache=, cache_index=, return_hidden=True) -> the final
   normed hidden states [B, T, dim], as forward() above: the sampler's prefill and decode steps
-  (sample.generate) and the update's log-probs (grpo.completion_logprobs) call it so; a decode
+  (sample.generate) and the update's log-probs (update.completion_logprobs) call it so; a decode
   step passes cache_index as a 0-d tensor (CUDA graphs replay it) and its additive mask ready;
   model(ids) -> logits [B, T, vocab].
 - model.lm_head: hidden -> logits, applied a chunk at a time (grpo.py) or to the last position
@@ -368,7 +368,7 @@ class Critic(nn.Module):
     """PPO's value model (method="ppo"): a transformer of the policy's shape whose final normed
     hidden state at each position a scalar head reads, the value of the prefix so far. Made from
     the policy (its weights: the warm start's, where there is one) with the head at zero, so that
-    every value starts at 0; trained by its own optimizer (grpo.critic_update)."""
+    every value starts at 0; trained by its own optimizer (update.critic_update)."""
 
     def __init__(self, policy: "Transformer"):
         super().__init__()

@@ -119,18 +119,6 @@ def step_record(step: int, samples: Samples | None, stats: dict, cfg, template) 
     return record
 
 
-def with_peak_memory(step_fn, run, cfg, step: int) -> tuple[Samples, dict]:
-    """step_fn(run, cfg, step), on CUDA with the step's peak memory in its stats: allocated
-    (memory_gb) and reserved (memory_reserved_gb, the CUDA graphs' pool included)."""
-    device = run.policy.lm_head.weight.device
-    if device.type != "cuda":
-        return step_fn(run, cfg, step)
-    torch.cuda.reset_peak_memory_stats(device)
-    samples, stats = step_fn(run, cfg, step)
-    return samples, {**stats, "memory_gb": torch.cuda.max_memory_allocated(device) / 1e9,
-                     "memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9}
-
-
 def progress(record: dict, keys: tuple) -> dict:
     """The progress bar's figures: the keys (cfg.progress_keys) that the record holds, each to 4
     significant digits."""

@@ -294,15 +294,12 @@ def check_reward_names(names) -> None:
 
 def check_settings(cfg):
     """A ValueError naming the key unless a config's rewards can run: reward_weights (known forms,
-    files present, finite weights, distinct log names), answer_checker, reflection_markers (words:
+    files present, finite weights, distinct log names), reflection_markers (words:
     reflects matches whole words), and a template whose completions the rules can read
     (check_template)."""
     check_reward_names(cfg.reward_weights)
     if not all(type(w) in (int, float) and math.isfinite(w) for w in cfg.reward_weights.values()):
         raise ValueError(f"reward_weights must be finite numbers, got {cfg.reward_weights}")
-    if cfg.answer_checker not in ANSWER_CHECKERS:
-        raise ValueError(f"answer_checker must be 'auto' or one of {tuple(ANSWER_CHECKERS)}, got "
-                         f"{cfg.answer_checker!r}")
     markers = cfg.reflection_markers
     if not (isinstance(markers, (tuple, list)) and len(markers) > 0 and all(
             isinstance(m, str) and m.strip() == m and m and "  " not in m

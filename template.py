@@ -50,15 +50,15 @@ class Template:
     system: str = ""
     name: str = ""  # the TEMPLATES name, or "" for one spelled out in a config
 
-    def fill(self, text: str, question: str = "") -> str:
-        """text with its fields (FIELDS) filled in: the question and the tags."""
-        return text.format(question=question, think_open=self.think[0], think_close=self.think[1],
-                           answer_open=self.answer[0], answer_close=self.answer[1])
-
     @property
     def prefix(self) -> str:
         """The response prefix with the tags filled in ("<think>")."""
         return self.fill(self.response_prefix)
+
+    def fill(self, text: str, question: str = "") -> str:
+        """text with its fields (FIELDS) filled in: the question and the tags."""
+        return text.format(question=question, think_open=self.think[0], think_close=self.think[1],
+                           answer_open=self.answer[0], answer_close=self.answer[1])
 
     def target_text(self, reasoning: str, answer: str) -> str:
         """What the warm start teaches after the prefix: the reasoning, the think block closed, the

@@ -28,7 +28,7 @@ from config import TrainConfig, load_config
 from distributed import copy_weights, leave_together, mix_weights, rank
 from eval import held_out_eval
 from grpo import advantages_of
-from records import Tracker, progress, shown_samples, step_record, with_peak_memory
+from records import Tracker, progress, shown_samples, step_record
 from rollout import Samples, sample_groups
 from run import Run, setup
 from run_management import (RunLock, StopRequest, command_line, refusals, report_stop,
@@ -96,6 +96,18 @@ def loop(run: Run, cfg: TrainConfig, stop, tracker: Tracker) -> dict:
             break
     bar.close()
     return {**summary, "step": run.step}
+
+
+def with_peak_memory(step_fn, run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
+    """step_fn(run, cfg, step), on CUDA with the step's peak memory in its stats: allocated
+    (memory_gb) and reserved (memory_reserved_gb, the CUDA graphs' pool included)."""
+    device = run.policy.lm_head.weight.device
+    if device.type != "cuda":
+        return step_fn(run, cfg, step)
+    torch.cuda.reset_peak_memory_stats(device)
+    samples, stats = step_fn(run, cfg, step)
+    return samples, {**stats, "memory_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+                     "memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 1e9}
 
 
 # -----------------------------------------------------------------------------

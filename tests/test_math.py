@@ -103,7 +103,7 @@ def test_the_config_key_defaults_from_the_dataset_and_reaches_the_template_check
     cfg = TrainConfig(dataset="math", answer_checker="gsm8k", data_dir="mine", eval_data_dir="held")
     assert (cfg.answer_checker, cfg.data_dir, cfg.eval_data_dir) == ("gsm8k", "mine", "held")
     assert TrainConfig(dataset="gsm8k", answer_checker="math").answer_checker == "math"
-    with pytest.raises(ValueError, match="answer_checker must be 'auto' or one of"):
+    with pytest.raises(ValueError, match=r"answer_checker must be one of \('auto'"):
         TrainConfig(answer_checker="sympy")
     with pytest.raises(ValueError, match="math_levels must be MATH levels"):
         TrainConfig(dataset="math", math_levels=(0, 3))
