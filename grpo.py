@@ -56,16 +56,17 @@ class AdvantageSettings:
         "normalised in its group, then summed and normalised over the batch (GDPO, "
         "arXiv:2601.05242)", one_of(MULTI_OBJECTIVE), needs=Rule(
             lambda v, s: v == MULTI_OBJECTIVE[0] or gdpo_fits(s),
-            "(GDPO, each reward normalised alone) GRPO's baseline and group std, outcome "
-            "supervision and no shaping of the total (random_reward, overlong_buffer_len, "
-            "k1_reward)"))
+            "GRPO's baseline and group std, outcome supervision and no shaping of the total "
+            "(random_reward, overlong_buffer_len, k1_reward) when it normalises each reward "
+            "alone (GDPO)"))
 
 
 def advantages_of(samples, batches, cfg) -> tuple[torch.Tensor, dict]:
     """The advantages of a step's samples (rollout.Samples) and what to log of them: [B] per
     completion, group_advantages of the rewards (with k1_reward less beta times each sequence's
     log-ratio to the reference; normalize_then_sum: GDPO's, from each reward's own); or [B, T]
-    per token (process_supervised). The stats: advantage_stats, over every rank's."""
+    per token (process_supervised). The stats: advantage_stats of this rank's rows (GDPO's
+    per-reward means: every rank's)."""
     rewards = torch.tensor(samples.rewards)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp,
@@ -98,10 +99,10 @@ def gdpo_fits(cfg) -> bool:
 
 
 def normalize_then_sum(components: dict, weights: dict, group_size: int, eps=1e-6):
-    """GDPO (arXiv:2601.05242; TRL's "normalize_then_sum"): each reward
-    components[name] [B] normalised within its group (group_advantages: mean baseline, group std),
-    summed by weights[name], the sum then normalised over the batch, (s - mean) / (std + eps), so
-    that a reward with a small spread is not drowned by one with a large spread. -> advantages [B],
+    """GDPO (arXiv:2601.05242; TRL's "normalize_then_sum"): each reward components[name] [B]
+    normalised within its group (group_advantages: mean baseline, group std), summed by
+    weights[name], the sum then normalised over the batch, (s - mean) / (std + eps), so that a
+    reward with a small spread is not drowned by one with a large spread. -> advantages [B],
     {name: its normalised reward [B]}."""
     normalised = {name: group_advantages(values, group_size, eps=eps)
                   for name, values in components.items()}
@@ -350,9 +351,9 @@ class LossSettings:
         one_of(("clip", "cispo", "sapo", "vespo")), switch=True,
         needs=Rule(lambda v, s: v != "vespo" or (s.importance_sampling_level == "token"
                                                  and correction_mode(s) is None),
-                   "(vespo, which weighs each completion by its own sequence ratio) the token "
-                   "level and no sampler correction: TRL folds a token-level correction into "
-                   "the weight, this repo does not"))
+                   "the token level and no sampler correction when it is 'vespo' (VESPO weighs "
+                   "each completion by its own sequence ratio; TRL folds a token-level "
+                   "correction into that weight, this repo does not)"))
     sapo_temperature_pos: float = setting(1.0, "SAPO's tau where the advantage is > 0", POSITIVE)
     sapo_temperature_neg: float = setting(1.05, "SAPO's tau where the advantage is <= 0", POSITIVE)
     vespo_k_pos: float = setting(2.0, "VESPO's power k where the advantage is >= 0", AT_LEAST_0)

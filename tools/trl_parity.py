@@ -27,7 +27,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from config import TrainConfig  # noqa: E402
 from distributed import mix_weights  # noqa: E402
-from grpo import advantages_of, group_advantages, grpo_loss, loss_of, normalize_then_sum, reward_scale  # noqa: E402
+from grpo import (LossSettings, advantages_of, group_advantages, grpo_loss, loss_of, normalize_then_sum,  # noqa: E402
+                  reward_scale)
+from settings import fields_of  # noqa: E402
 from rollout import Samples  # noqa: E402
 
 TRL_VERSION = "1.16.0"
@@ -244,17 +246,23 @@ CASES = {
 
 
 def ours(data: dict, settings: dict):
-    """Our loss and its gradients (logp, entropy) on data, by grpo_loss."""
+    """Our loss and its gradients (logp, entropy) on data: a TrainConfig of the settings, checked as a run's is, and
+    its loss settings through grpo_loss (the run's loss_of, its Loss called on the batch's Terms)."""
     settings = dict(settings)
     truncated = settings.pop("truncated", False)
     last_entropy = settings.pop("last_entropy", None)
+    cfg = TrainConfig(**settings, mask_truncated_completions=truncated)
+    loss_settings = {f.name: getattr(cfg, f.name) for f in fields_of(LossSettings)
+                     if f.name != "mask_truncated_completions"}  # grpo_loss takes it as loss_mask
     logp = data["logp"].clone().requires_grad_()
     entropy = data["entropy"].clone().requires_grad_()
+    state = None
     if last_entropy is not None:  # the adaptive coefficient's state after an earlier step
-        settings["loss_state"] = {"AdaptiveEntropy": {"coef": settings["entropy_coef"], "last_entropy": last_entropy}}
+        state = {"AdaptiveEntropy": {"coef": cfg.entropy_coef, "last_entropy": last_entropy}}
     loss, _ = grpo_loss(logp, data["old_logp"], data["ref_logp"], data["advantages"], data["mask"],
                         sampler_logp=data["sampler_logp"], entropy=entropy,
-                        loss_mask=~data["truncated"][:, None] if truncated else None, **settings)
+                        loss_mask=~data["truncated"][:, None] if truncated else None, loss_state=state,
+                        **loss_settings)
     loss.backward()
     return loss.item(), logp.grad, entropy.grad
 
