@@ -28,7 +28,7 @@ from answers import ANSWER_CHECKERS
 from distributed import world_size
 from rewards import REFLECTION_MARKERS
 from settings import AT_LEAST_0, AT_LEAST_1, check, help_lines, one_of, setting, within
-from template import template_dict, template_of
+from template import TEMPLATES, template_dict, template_of
 
 METHODS = ("grpo", "ppo", "rft", "sft_answers", "sft_more")
 SUPERVISIONS = ("outcome", "process", "both")
@@ -48,7 +48,8 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     # "chat": the tokenizer's chat template) or a dict of template.Template's fields, e.g.
     # {"think": ("<reasoning>", "</reasoning>"), "answer": ("<final>", "</final>")}; kept as the
     # whole template, recorded in every checkpoint
-    template: str | dict = "r1_zero"
+    template: str | dict = setting("r1_zero", f"a template.TEMPLATES name ({', '.join(TEMPLATES)}) "
+                                   "or a dict of template.Template's fields")
     # data: "gsm8k"; "jsonl", your own GSM8K-format files (data_dir/{train_split,eval_split}.jsonl,
     # rows {"question", "answer" ending in "#### N"}); "synthetic" (data.synthetic_problems:
     # training and held-out questions of one family); "synthetic_split" (data.synthetic_split: a

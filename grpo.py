@@ -324,96 +324,10 @@ def value_loss(values, old_values, returns, mask, num_tokens, cliprange: float):
 # the loss: built once from its settings (loss_of) out of named parts, one table per kind; each part
 # is a short function of a micro-batch's Terms, its settings bound when the loss is built, and the
 # step runs only the parts chosen. A part that measures returns sums over the completion tokens
-# (summed), logged as their means. A new variant: its settings below, a function and its entry in a
-# table, its settings bound in loss_of. A part that keeps state from one optimizer step to the next
-# is an object with after_step, state_dict and load_state_dict (AdaptiveEntropy); the checkpoint
-# keeps its state.
-
-
-@dataclass
-class LossSettings:
-    """The loss's settings, named as TRL's GRPOConfig names them where it has them (its
-    vllm_importance_sampling_* without the prefix; its loss_type is two settings here, the policy
-    term and the aggregation), each switch off by default. What a setting needs of the others is
-    in its declaration (needs), checked with its rule."""
-    clip_eps: float = setting(0.2, "the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] "
-                              "(PPO's, DeepSeekMath's 0.2)", within(0, 1))
-    clip_eps_high: float | None = setting(None, "None: clip_eps; larger for DAPO's clip-higher "
-                                          "(0.28)", optional(AT_LEAST_0))
-    delta: float | None = setting(
-        None, "INTELLECT-2's cap of the ratio above the clip, which bounds a negative advantage's "
-        "term", optional(AT_LEAST_1), switch=True, needs=Rule(
-            lambda v, s: v is None or (s.policy_loss == "clip" and v > 1 + clip_high(s)),
-            "PPO's clip as the policy term, and a number above 1 + clip_eps_high"))
-    policy_loss: str = setting(
-        "clip", "the policy term (POLICY_LOSSES): clip (PPO's, GRPO's), cispo (MiniMax-M1), sapo "
-        "(a soft gate), vespo (a Gamma-shaped sequence weight)",
-        one_of(("clip", "cispo", "sapo", "vespo")), switch=True,
-        needs=Rule(lambda v, s: v != "vespo" or (s.importance_sampling_level == "token"
-                                                 and correction_mode(s) is None),
-                   "the token level and no sampler correction when it is 'vespo' (VESPO weighs "
-                   "each completion by its own sequence ratio; TRL folds a token-level "
-                   "correction into that weight, this repo does not)"))
-    sapo_temperature_pos: float = setting(1.0, "SAPO's tau where the advantage is > 0", POSITIVE)
-    sapo_temperature_neg: float = setting(1.05, "SAPO's tau where the advantage is <= 0", POSITIVE)
-    vespo_k_pos: float = setting(2.0, "VESPO's power k where the advantage is >= 0", AT_LEAST_0)
-    vespo_lambda_pos: float = setting(3.0, "VESPO's decay lambda where the advantage is >= 0",
-                                      AT_LEAST_0)
-    vespo_k_neg: float = setting(3.0, "VESPO's power k where the advantage is < 0", AT_LEAST_0)
-    vespo_lambda_neg: float = setting(2.0, "VESPO's decay lambda where the advantage is < 0",
-                                      AT_LEAST_0)
-    beta: float = setting(0.04, "the KL weight; 0: no reference model at all", AT_LEAST_0)
-    kl_estimator: str = setting("k3", "KL_ESTIMATORS: k3 (DeepSeekMath's), k3_is, k2, or "
-                                "k1_reward (in the rewards)", one_of(("k3", "k3_is", "k2",
-                                                                      "k1_reward")))
-    loss_agg: str = setting("seq_mean", "LOSS_AGGS: seq_mean (GRPO), token_mean (DAPO), constant "
-                            "(Dr. GRPO, / max_new_tokens), luspo (each completion's sum)",
-                            one_of(("seq_mean", "token_mean", "constant", "luspo")))
-    importance_sampling_level: str = setting(
-        "token", "token (a ratio per token) or sequence (GSPO, arXiv:2507.18071: the geometric "
-        "mean of its tokens'; it clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4)",
-        one_of(("token", "sequence")))
-    importance_sampling_correction: bool = setting(
-        False, "the sampler correction (Yao et al. 2025): each token's policy term weighed by "
-        "pi_old / pi_sampler, bounded, no grad (TRL's is on by default)", switch=True)
-    importance_sampling_mode: str = setting(
-        "sequence_mask", "the correction's ratio and bound: token_truncate, token_mask, "
-        "sequence_truncate or sequence_mask (one ratio per completion)",
-        one_of(("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")))
-    importance_sampling_clip_max: float | None = setting(
-        3.0, "the correction's upper bound", optional(AT_LEAST_1), needs=Rule(
-            lambda v, s: v is not None or s.importance_sampling_clip_min is not None,
-            "a number, or a lower bound: the correction bounds the ratio on one side at least"))
-    importance_sampling_clip_min: float | None = setting(None, "the correction's lower bound",
-                                                         optional(PROBABILITY))
-    tis_cap: float | None = setting(
-        None, "C: the correction, token_truncate at C (this repo's name before TRL's)",
-        optional(AT_LEAST_1), switch=True, needs=Rule(
-            lambda v, s: v is None or not s.importance_sampling_correction,
-            "the correction's own switch off: it is that switch, token_truncate at C; set one"))
-    off_policy_mask_threshold: float | None = setting(
-        None, "DeepSeek-V3.2: a completion with A < 0 whose mean log(pi_sampler / pi_theta) "
-        "passes this leaves the policy term (0.5, say)", optional(AT_LEAST_0), switch=True)
-    top_entropy_quantile: float = setting(
-        1.0, "only this top share of the step's tokens by entropy carries the policy gradient "
-        "(arXiv:2506.01939: 0.2)", PROBABILITY, switch=True)
-    entropy_coef: float = setting(
-        0.0, "an entropy bonus: the loss less this times the tokens' mean entropy (TRL's); "
-        "adaptive: its start", AT_LEAST_0, switch=True)
-    use_adaptive_entropy: bool = setting(
-        False, "Skywork-OR1 (arXiv:2505.22312): after each optimizer step the coefficient "
-        "climbs by entropy_coef_delta while the entropy is at most entropy_target, else falls; "
-        "applied only then", switch=True)
-    entropy_coef_min: float = setting(0.0, "the adaptive coefficient's floor", AT_LEAST_0)
-    entropy_coef_max: float = setting(1.0, "the adaptive coefficient's ceiling", AT_LEAST_0,
-                                      needs=Rule(lambda v, s: v >= s.entropy_coef_min,
-                                                 "a number at least the floor"))
-    entropy_coef_delta: float = setting(0.005, "the adaptive coefficient's step", AT_LEAST_0)
-    entropy_target: float = setting(0.2, "the mean token entropy (nats) the adaptive coefficient "
-                                    "holds the policy at or above", AT_LEAST_0)
-    mask_truncated_completions: bool = setting(
-        False, "DAPO: completions cut at max_new_tokens leave the loss (not their group's "
-        "advantages)", switch=True)
+# (summed), logged as their means. A new variant: a function and its entry in a table, its settings
+# declared in LossSettings (after the tables, whose names its rules read) and bound in loss_of. A
+# part that keeps state from one optimizer step to the next is an object with after_step,
+# state_dict and load_state_dict (AdaptiveEntropy); the checkpoint keeps its state.
 
 
 @dataclass
@@ -779,6 +693,95 @@ def entropy_sum(x: Terms) -> dict:
 def entropy_tokens(x: Terms) -> dict:
     """The entropy measure from each token's (an entropy bonus asked for them)."""
     return {"entropy": summed(x, x.entropy)}
+
+# the loss's settings, each declared once (settings.setting), their choices read from the tables
+# above; loss_of binds them to the parts
+
+
+@dataclass
+class LossSettings:
+    """The loss's settings, named as TRL's GRPOConfig names them where it has them (its
+    vllm_importance_sampling_* without the prefix; its loss_type is two settings here, the policy
+    term and the aggregation), each switch off by default. What a setting needs of the others is
+    in its declaration (needs), checked with its rule."""
+    clip_eps: float = setting(0.2, "the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] "
+                              "(PPO's, DeepSeekMath's 0.2)", within(0, 1))
+    clip_eps_high: float | None = setting(None, "None: clip_eps; larger for DAPO's clip-higher "
+                                          "(0.28)", optional(AT_LEAST_0))
+    delta: float | None = setting(
+        None, "INTELLECT-2's cap of the ratio above the clip, which bounds a negative advantage's "
+        "term", optional(AT_LEAST_1), switch=True, needs=Rule(
+            lambda v, s: v is None or (s.policy_loss == "clip" and v > 1 + clip_high(s)),
+            "PPO's clip as the policy term, and a number above 1 + clip_eps_high"))
+    policy_loss: str = setting(
+        "clip", "the policy term (POLICY_LOSSES): clip (PPO's, GRPO's), cispo (MiniMax-M1), sapo "
+        "(a soft gate), vespo (a Gamma-shaped sequence weight)",
+        one_of(POLICY_LOSSES), switch=True,
+        needs=Rule(lambda v, s: v != "vespo" or (s.importance_sampling_level == "token"
+                                                 and correction_mode(s) is None),
+                   "the token level and no sampler correction when it is 'vespo' (VESPO weighs "
+                   "each completion by its own sequence ratio; TRL folds a token-level "
+                   "correction into that weight, this repo does not)"))
+    sapo_temperature_pos: float = setting(1.0, "SAPO's tau where the advantage is > 0", POSITIVE)
+    sapo_temperature_neg: float = setting(1.05, "SAPO's tau where the advantage is <= 0", POSITIVE)
+    vespo_k_pos: float = setting(2.0, "VESPO's power k where the advantage is >= 0", AT_LEAST_0)
+    vespo_lambda_pos: float = setting(3.0, "VESPO's decay lambda where the advantage is >= 0",
+                                      AT_LEAST_0)
+    vespo_k_neg: float = setting(3.0, "VESPO's power k where the advantage is < 0", AT_LEAST_0)
+    vespo_lambda_neg: float = setting(2.0, "VESPO's decay lambda where the advantage is < 0",
+                                      AT_LEAST_0)
+    beta: float = setting(0.04, "the KL weight; 0: no reference model at all", AT_LEAST_0)
+    kl_estimator: str = setting("k3", "KL_ESTIMATORS: k3 (DeepSeekMath's), k3_is, k2, or "
+                                "k1_reward (in the rewards)", one_of(KL_ESTIMATORS))
+    loss_agg: str = setting("seq_mean", "LOSS_AGGS: seq_mean (GRPO), token_mean (DAPO), constant "
+                            "(Dr. GRPO, / max_new_tokens), luspo (each completion's sum)",
+                            one_of(LOSS_AGGS))
+    importance_sampling_level: str = setting(
+        "token", "token (a ratio per token) or sequence (GSPO, arXiv:2507.18071: the geometric "
+        "mean of its tokens'; it clips far tighter: clip_eps 3e-4, clip_eps_high 4e-4)",
+        one_of(IMPORTANCE_SAMPLING_LEVELS))
+    importance_sampling_correction: bool = setting(
+        False, "the sampler correction (Yao et al. 2025): each token's policy term weighed by "
+        "pi_old / pi_sampler, bounded, no grad (TRL's is on by default)", switch=True)
+    importance_sampling_mode: str = setting(
+        "sequence_mask", "the correction's ratio and bound: token_truncate, token_mask, "
+        "sequence_truncate or sequence_mask (one ratio per completion)",
+        one_of(IMPORTANCE_SAMPLING_MODES))
+    importance_sampling_clip_max: float | None = setting(
+        3.0, "the correction's upper bound", optional(AT_LEAST_1), needs=Rule(
+            lambda v, s: v is not None or s.importance_sampling_clip_min is not None,
+            "a number, or a lower bound: the correction bounds the ratio on one side at least"))
+    importance_sampling_clip_min: float | None = setting(None, "the correction's lower bound",
+                                                         optional(PROBABILITY))
+    tis_cap: float | None = setting(
+        None, "C: the correction, token_truncate at C (this repo's name before TRL's)",
+        optional(AT_LEAST_1), switch=True, needs=Rule(
+            lambda v, s: v is None or not s.importance_sampling_correction,
+            "the correction's own switch off: it is that switch, token_truncate at C; set one"))
+    off_policy_mask_threshold: float | None = setting(
+        None, "DeepSeek-V3.2: a completion with A < 0 whose mean log(pi_sampler / pi_theta) "
+        "passes this leaves the policy term (0.5, say)", optional(AT_LEAST_0), switch=True)
+    top_entropy_quantile: float = setting(
+        1.0, "only this top share of the step's tokens by entropy carries the policy gradient "
+        "(arXiv:2506.01939: 0.2)", PROBABILITY, switch=True)
+    entropy_coef: float = setting(
+        0.0, "an entropy bonus: the loss less this times the tokens' mean entropy (TRL's); "
+        "adaptive: its start", AT_LEAST_0, switch=True)
+    use_adaptive_entropy: bool = setting(
+        False, "Skywork-OR1 (arXiv:2505.22312): after each optimizer step the coefficient "
+        "climbs by entropy_coef_delta while the entropy is at most entropy_target, else falls; "
+        "applied only then", switch=True)
+    entropy_coef_min: float = setting(0.0, "the adaptive coefficient's floor", AT_LEAST_0)
+    entropy_coef_max: float = setting(1.0, "the adaptive coefficient's ceiling", AT_LEAST_0,
+                                      needs=Rule(lambda v, s: v >= s.entropy_coef_min,
+                                                 "a number at least the floor"))
+    entropy_coef_delta: float = setting(0.005, "the adaptive coefficient's step", AT_LEAST_0)
+    entropy_target: float = setting(0.2, "the mean token entropy (nats) the adaptive coefficient "
+                                    "holds the policy at or above", AT_LEAST_0)
+    mask_truncated_completions: bool = setting(
+        False, "DAPO: completions cut at max_new_tokens leave the loss (not their group's "
+        "advantages)", switch=True)
+
 
 def loss_of(cfg) -> Loss:
     """The Loss cfg's loss settings ask for (a TrainConfig, a LossSettings, or any object with
