@@ -314,3 +314,208 @@ if triton is not None:
         rows_out = (row * heads + kv * group + g)[:, None] * D + cols[None, :]
         tl.store(out + rows_out, y.to(out.dtype.element_ty),
                  mask=in_group[:, None] & (cols < D)[None, :])
+
+# -----------------------------------------------------------------------------
+# the update's log-probs: lm_head, log_softmax(. / T) and the target's gather in one pass over the
+# vocabulary (update.completion_logprobs on CUDA in bf16; update._chunk_logprobs the reference)
+
+# a tile: rows of hidden states, vocabulary columns, hidden lanes per tl.dot step
+LOGPROB_ROWS, LOGPROB_COLUMNS, LOGPROB_LANES = 64, 128, 64
+LOGPROB_WARPS = 8
+# the fewest forward programs before the vocabulary is cut in splits (4 per H100 / H200 SM)
+LOGPROB_PROGRAMS = 528
+# where the fused log-probs run (tests add "cpu" for Triton's interpreter)
+LOGPROB_DEVICES = ("cuda",)
+
+
+def logprobs_dtype(lm_head, hidden):
+    """The dtype the fused log-probs run lm_head on hidden in, or None where they do not run:
+    Triton, a LOGPROB_DEVICES device, a plain bias-free nn.Linear without hooks (no LoRA, no FSDP's
+    unsharding) and bf16 (autocast's, or the weight's and hidden's own): the project's half
+    precision. Anything else (fp32, the CPU) keeps update._chunk_logprobs."""
+    if triton is None or hidden.device.type not in LOGPROB_DEVICES:
+        return None
+    if (type(lm_head) is not torch.nn.Linear or lm_head.bias is not None or lm_head._forward_hooks
+            or lm_head._forward_pre_hooks
+            or type(lm_head.weight) not in (torch.nn.Parameter, torch.Tensor)):
+        return None
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+    else:
+        dtype = hidden.dtype if hidden.dtype == lm_head.weight.dtype else None
+    return dtype if dtype == torch.bfloat16 else None
+
+
+def fused_logprobs(hidden, weight, targets, temperature: float, entropy: str | None = None):
+    """hidden [M, D] and weight [V, D] in one half precision, targets [M] -> (each target's log-prob
+    [M] fp32 under log_softmax(hidden weight^T / temperature), each row's entropy [M] fp32 or None),
+    as update._chunk_logprobs computes them under autocast: each logit summed in fp32 and rounded
+    to the weight's dtype (the bf16 matmul's output), then divided by temperature in fp32; entropy
+    None, "sum" (no grad) or "tokens" (with grad). The logits never exist: each program keeps its
+    rows' running max, exp-sum (and exp-weighted sum, for the entropy) over vocabulary tiles. The
+    backward recomputes each tile's logits and writes the logits' gradient in the weight's dtype
+    [M, V] (the bf16 gradient autocast's matmul gets), then two matrix products give hidden's and
+    weight's gradients in that dtype."""
+    return _FusedLogprobs.apply(hidden, weight, targets, float(temperature), entropy)
+
+
+_BACKWARD_WARM = set()  # (dtype, entropy with grad) of the backward kernels compiled so far
+
+
+class _FusedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, entropy):
+        hidden, weight, targets = hidden.contiguous(), weight.contiguous(), targets.contiguous()
+        logp, log_z, ent = _logprobs_forward(hidden, weight, targets, temperature,
+                                             entropy is not None)
+        ctx.temperature, ctx.entropy = temperature, entropy
+        warm = (weight.dtype, entropy == "tokens")
+        if (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]) and warm not in _BACKWARD_WARM:
+            # the backward's kernel compiled here, where a failure can still fall back
+            # (update._fall_back), not in loss.backward()
+            _dlogits(hidden[:1], weight, targets[:1], log_z[:1], None if ent is None else ent[:1],
+                     logp[:1], None if entropy != "tokens" else ent[:1], temperature)
+            _BACKWARD_WARM.add(warm)
+        ctx.save_for_backward(hidden, weight, targets, log_z,
+                              ent if entropy == "tokens" else None)
+        if entropy == "sum":
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, targets, log_z, ent = ctx.saved_tensors
+        grad_ent = g_ent if ctx.entropy == "tokens" else None
+        d = _dlogits(hidden, weight, targets, log_z, ent, g_logp, grad_ent, ctx.temperature)
+        grad_hidden = d @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = d.t() @ hidden if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None, None, None
+
+
+def _logprobs_forward(hidden, weight, targets, temperature, entropy: bool):
+    """(log-probs, log-normalisers, entropies or None), each [M] fp32: a program per (row tile,
+    vocabulary split) keeps its rows' (max, exp-sum, exp-weighted logit sum, target's logit) over
+    its split, combined here."""
+    rows, dim = hidden.shape
+    vocab = weight.shape[0]
+    row_tiles = triton.cdiv(rows, LOGPROB_ROWS)
+    splits = min(triton.cdiv(vocab, LOGPROB_COLUMNS), max(1, triton.cdiv(LOGPROB_PROGRAMS,
+                                                                           row_tiles)))
+    per_split = triton.cdiv(triton.cdiv(vocab, splits), LOGPROB_COLUMNS) * LOGPROB_COLUMNS
+    splits = triton.cdiv(vocab, per_split)
+    partial = torch.empty(4, splits, rows, dtype=torch.float32, device=hidden.device)
+    _logprobs_kernel[(row_tiles, splits)](
+        hidden, weight, targets, partial, rows, vocab, dim, per_split, temperature,
+        ENTROPY=entropy, ROWS=LOGPROB_ROWS, COLUMNS=LOGPROB_COLUMNS, LANES=LOGPROB_LANES,
+        num_warps=LOGPROB_WARPS)
+    best, total, weighted, chosen = partial
+    most = best.max(0).values
+    factor = torch.exp(best - most)
+    total = (total * factor).sum(0)
+    log_z = most + total.log()
+    logp = chosen.sum(0) - log_z
+    ent = log_z - (weighted * factor).sum(0) / total if entropy else None
+    return logp, log_z, ent
+
+
+def _dlogits(hidden, weight, targets, log_z, ent, g_logp, g_ent, temperature):
+    """The gradient [M, V] in weight's dtype of the logits (the matmul's output) from the log-probs'
+    g_logp [M] and the entropies' g_ent [M] (or None): (g_logp (onehot - p) - g_ent p (log p + H))
+    / temperature, a program per (row tile, vocabulary tile), the tile's logits recomputed."""
+    rows, dim = hidden.shape
+    vocab = weight.shape[0]
+    out = torch.empty(rows, vocab, dtype=weight.dtype, device=hidden.device)
+    g_logp = g_logp.float().contiguous()
+    _dlogits_kernel[(triton.cdiv(rows, LOGPROB_ROWS), triton.cdiv(vocab, LOGPROB_COLUMNS))](
+        hidden, weight, targets, log_z, g_logp if ent is None else ent, g_logp,
+        g_logp if g_ent is None else g_ent.float().contiguous(), out, rows, vocab, dim,
+        temperature, ENTROPY=g_ent is not None, ROWS=LOGPROB_ROWS, COLUMNS=LOGPROB_COLUMNS,
+        LANES=LOGPROB_LANES, num_warps=LOGPROB_WARPS)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _logits_tile(hidden, weight, row_at, in_rows, cols, vocab, dim, temperature,
+                     ROWS: tl.constexpr, COLUMNS: tl.constexpr, LANES: tl.constexpr):
+        """[ROWS, COLUMNS] fp32: hidden's rows times weight's columns, summed in fp32 over LANES
+        lanes at a time, rounded to hidden's dtype (the matmul's output), / temperature; -inf past
+        the vocabulary."""
+        in_vocab = cols < vocab
+        col_at = cols.to(tl.int64)
+        acc = tl.zeros((ROWS, COLUMNS), tl.float32)
+        for start in range(0, dim, LANES):
+            lanes = start + tl.arange(0, LANES)
+            in_dim = lanes < dim
+            h = tl.load(hidden + row_at[:, None] * dim + lanes[None, :],
+                        mask=in_rows[:, None] & in_dim[None, :], other=0.0)
+            w = tl.load(weight + col_at[:, None] * dim + lanes[None, :],
+                        mask=in_vocab[:, None] & in_dim[None, :], other=0.0)
+            acc = tl.dot(h, tl.trans(w), acc)
+        x = acc.to(hidden.dtype.element_ty).to(tl.float32) / temperature
+        return tl.where(in_vocab[None, :], x, float("-inf"))
+
+    @triton.jit(do_not_specialize=["rows", "vocab", "per_split"])
+    def _logprobs_kernel(hidden, weight, targets, partial, rows, vocab, dim, per_split,
+                         temperature, ENTROPY: tl.constexpr, ROWS: tl.constexpr,
+                         COLUMNS: tl.constexpr, LANES: tl.constexpr):
+        """Program (row tile, split): over the split's per_split columns, each row's running max,
+        exp-sum, exp-weighted logit sum (ENTROPY) and target's logit (0 where the target lies in
+        another split), into partial [4, splits, rows]."""
+        split = tl.program_id(1)
+        splits = tl.num_programs(1)
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        in_rows = r < rows
+        row_at = r.to(tl.int64)
+        target = tl.load(targets + r, mask=in_rows, other=-1)
+        best = tl.full((ROWS,), float("-inf"), tl.float32)
+        total = tl.zeros((ROWS,), tl.float32)
+        weighted = tl.zeros((ROWS,), tl.float32)
+        chosen = tl.zeros((ROWS,), tl.float32)
+        for offset in range(0, per_split, COLUMNS):
+            cols = split * per_split + offset + tl.arange(0, COLUMNS)
+            x = _logits_tile(hidden, weight, row_at, in_rows, cols, vocab, dim, temperature,
+                             ROWS, COLUMNS, LANES)
+            newest = tl.maximum(best, tl.max(x, 1))
+            shift = tl.where(newest == float("-inf"), 0.0, newest)  # a tile past the vocabulary
+            e = tl.exp(x - shift[:, None])
+            rescale = tl.exp(best - shift)
+            total = total * rescale + tl.sum(e, 1)
+            if ENTROPY:
+                weighted = weighted * rescale + tl.sum(
+                    e * tl.where((cols < vocab)[None, :], x, 0.0), 1)
+            chosen += tl.sum(tl.where(cols[None, :] == target[:, None], x, 0.0), 1)
+            best = newest
+        at = split * rows + r
+        tl.store(partial + at, best, mask=in_rows)
+        tl.store(partial + splits * rows + at, total, mask=in_rows)
+        tl.store(partial + 2 * splits * rows + at, weighted, mask=in_rows)
+        tl.store(partial + 3 * splits * rows + at, chosen, mask=in_rows)
+
+    @triton.jit(do_not_specialize=["rows", "vocab"])
+    def _dlogits_kernel(hidden, weight, targets, log_z, ent, g_logp, g_ent, out, rows, vocab, dim,
+                        temperature, ENTROPY: tl.constexpr, ROWS: tl.constexpr,
+                        COLUMNS: tl.constexpr, LANES: tl.constexpr):
+        """Program (row tile, vocabulary tile): the tile's logits recomputed, p = exp(x - log_z),
+        the logits' gradient (g_logp (onehot - p) - g_ent p (x - log_z + H)) / temperature, stored
+        in out's dtype."""
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
+        in_rows = r < rows
+        in_vocab = cols < vocab
+        row_at = r.to(tl.int64)
+        x = _logits_tile(hidden, weight, row_at, in_rows, cols, vocab, dim, temperature,
+                         ROWS, COLUMNS, LANES)
+        target = tl.load(targets + r, mask=in_rows, other=-1)
+        lz = tl.load(log_z + r, mask=in_rows, other=0.0)
+        g = tl.load(g_logp + r, mask=in_rows, other=0.0)
+        p = tl.exp(x - lz[:, None])  # 0 past the vocabulary
+        d = g[:, None] * (tl.where(cols[None, :] == target[:, None], 1.0, 0.0) - p)
+        if ENTROPY:
+            h = tl.load(ent + r, mask=in_rows, other=0.0)
+            ge = tl.load(g_ent + r, mask=in_rows, other=0.0)
+            d -= ge[:, None] * p * (tl.where(in_vocab[None, :], x, 0.0) - lz[:, None]
+                                    + h[:, None])
+        d = d / temperature
+        tl.store(out + row_at[:, None] * vocab + cols[None, :], d.to(out.dtype.element_ty),
+                 mask=in_rows[:, None] & in_vocab[None, :])

@@ -18,11 +18,13 @@ micro-batch never exist at once: lm_head and log_softmax run a chunk of tokens a
 (completion_logprobs).
 """
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+import kernels
 from distributed import (accumulating, from_every_rank, max_over_ranks, summed_over_ranks, whole,
                          world_size)
 from grpo import Sizes, entropy_floor, gae, terms_of, token_rewards, value_loss, whitened
@@ -118,7 +120,19 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
     hidden = completion_hidden(model, batch)  # [M, dim]
     targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
     logps, entropies = [], []
+    fused = _fused_inputs(model.lm_head, hidden)
     for start in range(0, targets.numel(), chunk):
+        if fused is not None:  # CUDA in bf16: one Triton pass, no [chunk, V] fp32 logits
+            try:
+                logp, ent = kernels.fused_logprobs(fused[0][start:start + chunk], fused[1],
+                                                   targets[start:start + chunk], temperature,
+                                                   entropy)
+                logps.append(logp)
+                entropies.append(ent)
+                continue
+            except Exception as error:  # a compile failure: today's torch code from here on
+                _fall_back(error)
+                fused = None
         args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk],
                 temperature, entropy)
         if torch.is_grad_enabled():
@@ -151,6 +165,28 @@ def _chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
         return chosen, None
     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy == "tokens"):
         return chosen, log_z - (logits.softmax(dim=-1) * logits).sum(dim=-1)
+
+
+# the line _fall_back said when the fused log-probs failed in this process (off from then on)
+FALLEN_BACK = []
+
+
+def _fused_inputs(lm_head, hidden):
+    """(hidden, lm_head's weight), both in the dtype kernels.fused_logprobs runs them in (the casts
+    autocast makes, once per call, with grad), or None where it does not run
+    (kernels.logprobs_dtype: CUDA in bf16 only; the CPU and fp32 keep _chunk_logprobs, bit for
+    bit) or has failed."""
+    dtype = None if FALLEN_BACK else kernels.logprobs_dtype(lm_head, hidden)
+    return None if dtype is None else (hidden.to(dtype), lm_head.weight.to(dtype))
+
+
+def _fall_back(error: Exception):
+    """The fused log-probs failed: say so once, in one line, and keep them off in this process."""
+    reason = (str(error).strip().splitlines() or [""])[0][:200]
+    FALLEN_BACK.append(f"update.py: the fused log-prob kernel failed ({type(error).__name__}: "
+                       f"{reason}); going on with the torch log-probs (lm_head and log_softmax a "
+                       "chunk at a time), the same values within bf16's rounding")
+    print(FALLEN_BACK[0], file=sys.stderr, flush=True)
 
 
 def _scattered(pieces: list[torch.Tensor], mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
