@@ -21,6 +21,10 @@ decode_step is model.Transformer.forward for one token per row, with
 - the residual add and the next RMSNorm in one kernel (add_rms_norm), SiLU·mul in one (silu_mul).
 Per layer: 4 matrix products and 5 or 6 kernels, where the torch forward runs about 24 ops. The
 sampling that follows is sample.py's fused Gumbel kernel. Qwen3's q/k norms stay torch ops.
+
+The update's log-probs on CUDA in bf16 (update.completion_logprobs; update._chunk_logprobs the
+reference, the CPU path and the fallback) are fused_logprobs: lm_head, log_softmax(. / T), the
+target's gather and the entropy in one pass over the vocabulary, forward and backward.
 """
 import torch
 import torch.nn.functional as F
