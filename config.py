@@ -160,6 +160,10 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     # the warm start's learning rate falls linearly to 0 over its steps (after the warm-up); False:
     # constant. A decayed warm start settles on its data's rates (configs/demo_aha.py)
     sft_lr_decay: bool = False
+    sft_rows_per_pass: int = setting(
+        0, "SFT (the warm start, the rft/sft baselines): 0 = the update's micro-batches (prompts "
+        "left-padded, a dense mask); n = n rows of a length a pass, right-padded, causal with no "
+        "mask (faster on the CPU, sums in another order: sft.causal_passes)", AT_LEAST_0)
     # a train.py checkpoint (e.g. out/x/sft.pt) to start from instead of running the warm start
     init_from: str = ""
     # save the warm start's progress to ckpt.pt every N steps (and when stopped)

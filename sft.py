@@ -20,12 +20,13 @@ import random
 import time
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
 from checkpoint import save_warm_start
 from distributed import copy_weights, rank
-from update import (completion_logprobs, configure_optimizer, make_micro_batches, optimizer_step,
-                    optimizer_updates, warmup_lr)
+from update import (_chunk_logprobs, completion_logprobs, configure_optimizer, make_micro_batches,
+                    optimizer_step, optimizer_updates, warmup_lr)
 from rollout import Samples, sample_groups
 from run_management import report_stop, resume_command
 from template import R1_ZERO, Template, stop_token_ids
@@ -51,9 +52,13 @@ def sft_target(tokenizer, row: dict, template: Template = R1_ZERO) -> list[int]:
 
 
 def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device, autocast,
-                      chunk) -> torch.Tensor:
+                      chunk, rows_per_pass: int = 0) -> torch.Tensor:
     """Backward of the mean next-token loss over all target tokens (micro-batched, exact); returns
-    the loss."""
+    the loss. rows_per_pass 0: the update's micro-batches (prompts left-padded, the model's dense
+    mask); n > 0: causal_passes."""
+    if rows_per_pass:
+        return causal_loss_backward(model, prompts, targets, rows_per_pass, pad_id, device,
+                                    autocast, chunk)
     batches = make_micro_batches(prompts, targets, micro_batch_size, pad_id, device)
     n_tok = sum(b.mask.sum() for b in batches)
     loss = 0
@@ -65,6 +70,49 @@ def sft_loss_backward(model, prompts, targets, micro_batch_size, pad_id, device,
         loss += micro_loss.detach()
     return loss
 
+
+
+def causal_passes(prompts, targets, rows: int, pad_id: int, device):
+    """The rows (prompt + target) sorted by length, `rows` to a pass, each right-padded from slot 0:
+    [(ids [b, W], scored [b, W]: the positions whose next token is a target)]. Causal attention
+    (the model's forward with no attention_mask: SDPA's is_causal, no [b, 1, W, W] mask) never
+    reaches a row's padding, which comes after it and is scored nowhere; and the positions count
+    from 0 as the left-padded forward counts them. The same loss as the update's micro-batches,
+    summed in another order; a pass is as wide as its longest row (rows of a length share one)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(targets[i]))
+    passes = []
+    for start in range(0, len(order), rows):
+        picked = order[start:start + rows]
+        width = max(len(prompts[i]) + len(targets[i]) for i in picked)
+        ids = torch.full((len(picked), width), pad_id, dtype=torch.long)
+        scored = torch.zeros((len(picked), width), dtype=torch.bool)
+        for row, i in enumerate(picked):
+            n = len(prompts[i]) + len(targets[i])
+            ids[row, :n] = torch.tensor(prompts[i] + targets[i])
+            scored[row, len(prompts[i]) - 1:n - 1] = True  # position t scores token t + 1
+        passes.append((ids.to(device), scored.to(device)))
+    return passes
+
+
+def causal_loss_backward(model, prompts, targets, rows: int, pad_id: int, device, autocast,
+                         chunk: int) -> torch.Tensor:
+    """sft_loss_backward over causal_passes: each pass's backward of its share of the mean
+    next-token loss (the mean over every target token of the batch); returns the loss."""
+    n_tok = sum(map(len, targets))
+    loss = 0
+    for ids, scored in causal_passes(prompts, targets, rows, pad_id, device):
+        with autocast:
+            hidden = model(ids, return_hidden=True)[scored]  # [M, dim]
+        next_ids = ids[:, 1:][scored[:, :-1]]  # [M]: the targets (no pass scores its last slot)
+        total = 0
+        for start in range(0, next_ids.numel(), chunk):  # lm_head a chunk at a time, recomputed
+            logp, _ = checkpoint(_chunk_logprobs, model.lm_head, hidden[start:start + chunk],
+                                 next_ids[start:start + chunk], 1.0, None, use_reentrant=False)
+            total = total + logp.sum()
+        micro_loss = -total / n_tok
+        micro_loss.backward()
+        loss += micro_loss.detach()
+    return loss
 
 def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
                state: dict | None = None, stop=None, warm_set: str = "", run_id: str = "") -> int:
@@ -101,7 +149,7 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
                 loss = sft_loss_backward(model, [prompts[i] for i in picked],
                                          [targets[i] for i in picked],
                                          cfg.micro_batch_size, pad_id, device, autocast,
-                                         cfg.logprob_chunk)
+                                         cfg.logprob_chunk, cfg.sft_rows_per_pass)
                 lr = warmup_lr(cfg.sft_lr, step, cfg.warmup_steps)
                 if cfg.sft_lr_decay:  # linearly, to sft_lr / sft_steps at the last step
                     lr *= 1 - (step - 1) / cfg.sft_steps
@@ -137,7 +185,8 @@ def supervised_update(run, cfg, step: int, prompts: list, targets: list) -> dict
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
     loss = sft_loss_backward(run.policy, prompts, targets, cfg.micro_batch_size,
                              run.tokenizer.pad_token_id,
-                             run.policy.lm_head.weight.device, run.autocast, cfg.logprob_chunk)
+                             run.policy.lm_head.weight.device, run.autocast, cfg.logprob_chunk,
+                             cfg.sft_rows_per_pass)
     grad_norm = optimizer_step(run.policy, run.optimizer, lr, cfg.grad_clip, loss=loss)
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
