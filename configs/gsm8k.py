@@ -50,9 +50,10 @@ grad_clip = 1.0
 micro_batch_size = 16
 # grad_checkpointing left unset: chosen at set-up and said in the output
 # (run_management.grad_checkpointing_of): the activations of 16 rows of up to 809 tokens through 28
-# layers, at most 36.7 GB by its estimate, beside the 35.6 GB held, fit in 90% of the 85 GB free on
-# an 80 GB H100 and of an H200's: off on both (the recompute's second forward saved; the three
-# steps measured above had it on); on where under 80.4 GB is free
+# layers, at most 36.7 GB by its estimate, beside the 35.6 GB held, 72.4 GB (the H200 measured 72.6
+# GB at the peak), 79.6 GB reserved at the allocator's measured 1.10, fit in the 85 GB free on an
+# 80 GB H100 and in an H200's: off on both (the recompute's second forward saved; the three steps
+# measured above had it on); on where under 79.6 GB is free
 
 eval_every = 25
 eval_batch_size = 128
