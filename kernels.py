@@ -22,7 +22,7 @@ decode_step is model.Transformer.forward for one token per row, with
 Per layer: 4 matrix products and 5 or 6 kernels, where the torch forward runs about 24 ops. The
 sampling that follows is sample.py's fused Gumbel kernel. Qwen3's q/k norms stay torch ops.
 
-The update's log-probs on CUDA in bf16 (update.completion_logprobs; update._chunk_logprobs the
+The update's log-probs on CUDA in bf16 (update.completion_logprobs; update.chunk_logprobs the
 reference, the CPU path and the fallback) are fused_logprobs: lm_head, log_softmax(. / T), the
 target's gather and the entropy in one pass over the vocabulary, forward and backward.
 """
@@ -321,7 +321,7 @@ if triton is not None:
 
 # -----------------------------------------------------------------------------
 # the update's log-probs: lm_head, log_softmax(. / T) and the target's gather in one pass over the
-# vocabulary (update.completion_logprobs on CUDA in bf16; update._chunk_logprobs the reference)
+# vocabulary (update.completion_logprobs on CUDA in bf16; update.chunk_logprobs the reference)
 
 # a tile: rows of hidden states, vocabulary columns, hidden lanes per tl.dot step
 LOGPROB_ROWS, LOGPROB_COLUMNS, LOGPROB_LANES = 64, 128, 64
@@ -336,7 +336,7 @@ def logprobs_dtype(lm_head, hidden):
     """The dtype the fused log-probs run lm_head on hidden in, or None where they do not run:
     Triton, a LOGPROB_DEVICES device, a plain bias-free nn.Linear without hooks (no LoRA, no FSDP's
     unsharding) and bf16 (autocast's, or the weight's and hidden's own): the project's half
-    precision. Anything else (fp32, the CPU) keeps update._chunk_logprobs."""
+    precision. Anything else (fp32, the CPU) keeps update.chunk_logprobs."""
     if triton is None or hidden.device.type not in LOGPROB_DEVICES:
         return None
     if (type(lm_head) is not torch.nn.Linear or lm_head.bias is not None or lm_head._forward_hooks
@@ -353,7 +353,7 @@ def logprobs_dtype(lm_head, hidden):
 def fused_logprobs(hidden, weight, targets, temperature: float, entropy: str | None = None):
     """hidden [M, D] and weight [V, D] in one half precision, targets [M] -> (each target's log-prob
     [M] fp32 under log_softmax(hidden weight^T / temperature), each row's entropy [M] fp32 or None),
-    as update._chunk_logprobs computes them under autocast: each logit summed in fp32 and rounded
+    as update.chunk_logprobs computes them under autocast: each logit summed in fp32 and rounded
     to the weight's dtype (the bf16 matmul's output), then divided by temperature in fp32; entropy
     None, "sum" (no grad) or "tokens" (with grad). The logits never exist: each program keeps its
     rows' running max, exp-sum (and exp-weighted sum, for the entropy) over vocabulary tiles. The

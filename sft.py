@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from checkpoint import save_warm_start
 from distributed import copy_weights, rank
-from update import (_chunk_logprobs, completion_logprobs, configure_optimizer, make_micro_batches,
+from update import (chunk_logprobs, completion_logprobs, configure_optimizer, make_micro_batches,
                     optimizer_step, optimizer_updates, warmup_lr)
 from rollout import Samples, sample_groups
 from run_management import report_stop, resume_command
@@ -106,7 +106,7 @@ def causal_loss_backward(model, prompts, targets, rows: int, pad_id: int, device
         next_ids = ids[:, 1:][scored[:, :-1]]  # [M]: the targets (no pass scores its last slot)
         total = 0
         for start in range(0, next_ids.numel(), chunk):  # lm_head a chunk at a time, recomputed
-            logp, _ = checkpoint(_chunk_logprobs, model.lm_head, hidden[start:start + chunk],
+            logp, _ = checkpoint(chunk_logprobs, model.lm_head, hidden[start:start + chunk],
                                  next_ids[start:start + chunk], 1.0, None, use_reentrant=False)
             total = total + logp.sum()
         micro_loss = -total / n_tok

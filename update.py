@@ -136,9 +136,9 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
         args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk],
                 temperature, entropy)
         if torch.is_grad_enabled():
-            logp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+            logp, ent = checkpoint(chunk_logprobs, *args, use_reentrant=False)
         else:
-            logp, ent = _chunk_logprobs(*args)
+            logp, ent = chunk_logprobs(*args)
         logps.append(logp)
         entropies.append(ent)
     logp = _scattered(logps, batch.mask, hidden)
@@ -153,7 +153,7 @@ def completion_hidden(model, batch: MicroBatch) -> torch.Tensor:
     return hidden[:, batch.prompt_width - 1:-1][batch.mask]  # position t scores token t + 1
 
 
-def _chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
+def chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
     """hidden [M, dim], targets [M] -> (each target's log-prob [M] fp32, each position's entropy [M]
     (with grad only for entropy="tokens") or None)."""
     logits = lm_head(hidden).float()  # [M, V]
@@ -174,7 +174,7 @@ FALLEN_BACK = []
 def _fused_inputs(lm_head, hidden):
     """(hidden, lm_head's weight), both in the dtype kernels.fused_logprobs runs them in (the casts
     autocast makes, once per call, with grad), or None where it does not run
-    (kernels.logprobs_dtype: CUDA in bf16 only; the CPU and fp32 keep _chunk_logprobs, bit for
+    (kernels.logprobs_dtype: CUDA in bf16 only; the CPU and fp32 keep chunk_logprobs, bit for
     bit) or has failed."""
     dtype = None if FALLEN_BACK else kernels.logprobs_dtype(lm_head, hidden)
     return None if dtype is None else (hidden.to(dtype), lm_head.weight.to(dtype))

@@ -234,7 +234,7 @@ def test_the_bench_profile_counts_the_kernels_of_one_decode_step():
 @pytest.mark.parametrize("vocab, dim", [(151936, 896), (151936, 1536), (128256, 2048)])
 def test_the_fused_logprobs_match_the_torch_chunk_on_cuda_in_less_memory(vocab, dim):
     """Issue 63 item 4: kernels.fused_logprobs on CUDA (compiled, not interpreted) at real vocabularies against
-    update._chunk_logprobs under autocast's bf16 (today's path), a chunk of 1,000 rows (a ragged last row tile),
+    update.chunk_logprobs under autocast's bf16 (today's path), a chunk of 1,000 rows (a ragged last row tile),
     T = 0.7, the entropy with its grad: log-probs and entropies within 1e-3, the bf16 gradients within 2^-7 of their
     largest; the forward holds no [M, V] logits (its peak, less the bf16 copies of the weight and hidden, under a
     tenth of the fp32 logits the torch chunk holds), and the backward's peak stays under the torch path's."""
@@ -261,7 +261,7 @@ def test_the_fused_logprobs_match_the_torch_chunk_on_cuda_in_less_memory(vocab, 
                 logp, ent = kernels.fused_logprobs(h.bfloat16(), lm_head.weight.bfloat16(), targets, temperature,
                                                    "tokens")
             else:
-                logp, ent = update._chunk_logprobs(lm_head, h, targets, temperature, "tokens")
+                logp, ent = update.chunk_logprobs(lm_head, h, targets, temperature, "tokens")
         forward_peak = torch.cuda.max_memory_allocated() - start
         ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
         peaks.append((forward_peak, torch.cuda.max_memory_allocated() - start))

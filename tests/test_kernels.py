@@ -283,7 +283,7 @@ class RoundedHead(torch.nn.Module):
 
 
 def check_fused_logprobs():
-    """Issue 63 item 4: kernels.fused_logprobs against update._chunk_logprobs and torch's autograd, on 5 rows of 32
+    """Issue 63 item 4: kernels.fused_logprobs against update.chunk_logprobs and torch's autograd, on 5 rows of 32
     lanes and a vocabulary of 100 (tiles of 32 columns: the last one 4 wide; of 16 lanes: two steps), in one
     vocabulary split and in 4, and in the default tiles (one ragged tile of 128); temperatures 1 and 0.7; without
     the entropy, with it ("sum": no grad) and with its grad ("tokens"). Against the reference in fp32 the log-probs
@@ -312,7 +312,7 @@ def check_fused_logprobs():
                     else:
                         lm_head = torch.nn.Linear(dim, vocab, bias=False) if head == "fp32" else RoundedHead(None)
                         lm_head.weight = w if head == "rounded" else torch.nn.Parameter(w)
-                        logp, ent = update._chunk_logprobs(lm_head, h, targets, temperature, entropy)
+                        logp, ent = update.chunk_logprobs(lm_head, h, targets, temperature, entropy)
                         w = lm_head.weight
                     loss = (logp * g_logp).sum() + ((ent * g_ent).sum() if entropy == "tokens" else 0)
                     loss.backward()
