@@ -116,31 +116,22 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
     temperature), and their entropies as `entropy` asks: None, "sum" (over the tokens, 0-d, no
     grad: the logged mean) or "tokens" ([b, N], with grad where grad is on: an entropy bonus).
     Only masked positions go through lm_head, `chunk` tokens at a time, each recomputed in backward
-    instead of stored."""
+    instead of stored; on CUDA in bf16 a Triton kernel computes each chunk (fused_chunks)."""
     hidden = completion_hidden(model, batch)  # [M, dim]
     targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
-    logps, entropies = [], []
-    fused = _fused_inputs(model.lm_head, hidden)
-    for start in range(0, targets.numel(), chunk):
-        if fused is not None:  # CUDA in bf16: one Triton pass, no [chunk, V] fp32 logits
-            try:
-                logp, ent = kernels.fused_logprobs(fused[0][start:start + chunk], fused[1],
-                                                   targets[start:start + chunk], temperature,
-                                                   entropy)
-                logps.append(logp)
-                entropies.append(ent)
-                continue
-            except Exception as error:  # a compile failure: today's torch code from here on
-                _fall_back(error)
-                fused = None
-        args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk],
-                temperature, entropy)
-        if torch.is_grad_enabled():
-            logp, ent = checkpoint(chunk_logprobs, *args, use_reentrant=False)
-        else:
-            logp, ent = chunk_logprobs(*args)
-        logps.append(logp)
-        entropies.append(ent)
+    pieces = None
+    if hidden.device.type in kernels.LOGPROB_DEVICES:  # CUDA: no [chunk, V] fp32 logits
+        pieces = fused_chunks(model.lm_head, hidden, targets, temperature, chunk, entropy)
+    if pieces is None:  # lm_head and log_softmax, a chunk at a time
+        pieces = []
+        for start in range(0, targets.numel(), chunk):
+            args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk],
+                    temperature, entropy)
+            if torch.is_grad_enabled():
+                pieces.append(checkpoint(chunk_logprobs, *args, use_reentrant=False))
+            else:
+                pieces.append(chunk_logprobs(*args))
+    logps, entropies = [logp for logp, _ in pieces], [ent for _, ent in pieces]
     logp = _scattered(logps, batch.mask, hidden)
     if entropy == "sum":
         return logp, sum((ent.sum() for ent in entropies), torch.zeros((), device=hidden.device))
@@ -171,13 +162,22 @@ def chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
 FALLEN_BACK = []
 
 
-def _fused_inputs(lm_head, hidden):
-    """(hidden, lm_head's weight), both in the dtype kernels.fused_logprobs runs them in (the casts
-    autocast makes, once per call, with grad), or None where it does not run
-    (kernels.logprobs_dtype: CUDA in bf16 only; the CPU and fp32 keep chunk_logprobs, bit for
-    bit) or has failed."""
+def fused_chunks(lm_head, hidden, targets, temperature: float, chunk: int, entropy):
+    """completion_logprobs' chunks by kernels.fused_logprobs, one Triton pass each: [(log-probs,
+    entropies)], from hidden and lm_head's weight cast once to the dtype it runs in (autocast's,
+    with grad); None where it does not run (kernels.logprobs_dtype: bf16 only) or has failed in
+    this process (said once; the torch code then computes every chunk)."""
     dtype = None if FALLEN_BACK else kernels.logprobs_dtype(lm_head, hidden)
-    return None if dtype is None else (hidden.to(dtype), lm_head.weight.to(dtype))
+    if dtype is None:
+        return None
+    hidden, weight = hidden.to(dtype), lm_head.weight.to(dtype)
+    try:
+        return [kernels.fused_logprobs(hidden[start:start + chunk], weight,
+                                       targets[start:start + chunk], temperature, entropy)
+                for start in range(0, targets.numel(), chunk)]
+    except Exception as error:  # a compile failure: the torch code, from here on
+        _fall_back(error)
+        return None
 
 
 def _fall_back(error: Exception):
