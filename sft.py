@@ -166,7 +166,7 @@ def warm_start(model, prompts, targets, cfg, pad_id: int, device, autocast,
             bar.set_postfix(loss=f"{loss.item():.3f}")
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
             # a signal in the last step stops the run once RL's first checkpoint is written
-            # (train.setup)
+            # (run.setup)
             stopping = stop.agreed() if stop is not None and step < cfg.sft_steps else False
             if stopping or (cfg.sft_checkpoint_every and step % cfg.sft_checkpoint_every == 0):
                 save(step, rng.getstate())
@@ -209,7 +209,7 @@ def rft_step(run, cfg, step: int) -> tuple[Samples, dict]:
 
 def sft_step(run, cfg, step: int) -> tuple[None, dict]:
     """One supervised step on prompts_per_step * group_size training rows (GRPO's completions per
-    step): the RL rows' answers alone ("sft_answers"), or warm-start rows ("sft_more": train.setup
+    step): the RL rows' answers alone ("sft_answers"), or warm-start rows ("sft_more": run.setup
     gives it those as its rows)."""
     start = time.perf_counter()
     picked = run.stream.next(cfg.prompts_per_step * cfg.group_size)
