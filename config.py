@@ -27,7 +27,7 @@ import rewards
 from answers import ANSWER_CHECKERS
 from distributed import world_size
 from rewards import REFLECTION_MARKERS
-from settings import AT_LEAST_0, AT_LEAST_1, check, help_lines, one_of, setting, within
+from settings import AT_LEAST_0, AT_LEAST_1, Rule, check, help_line, one_of, setting, within
 from template import TEMPLATES, template_dict, template_of
 
 METHODS = ("grpo", "ppo", "rft", "sft_answers", "sft_more")
@@ -125,8 +125,15 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     ref_reset_every: int = 0
     # TR-DPO's reference (arXiv:2404.09656; TRL's names): pi_ref = alpha pi_theta + (1 - alpha)
     # pi_ref every tau steps
-    sync_ref_model: bool = setting(False, "pull the reference toward the policy every tau steps "
-                                   "(needs beta > 0, no LoRA)")
+    sync_ref_model: bool = setting(
+        False, "pull the reference toward the policy every tau steps (needs beta > 0, no LoRA)",
+        needs=Rule(lambda v, s: not v or (s.beta > 0 and s.lora_rank == 0 and not s.ref_reset_every
+                                          and s.method in ("grpo", "ppo")),
+                   "beta > 0 and method 'grpo' or 'ppo', no ref_reset_every, and no LoRA: the "
+                   "reference's sync (TR-DPO) pulls a frozen reference copy toward the policy, "
+                   "and with LoRA the reference is the policy with its adapters off, no copy of "
+                   "its own (merging a share of the adapters into the base weights would move the "
+                   "policy as well)"))
     ref_model_mixup_alpha: float = setting(0.6, "TR-DPO's alpha: the policy's share of the new "
                                            "reference", within(0, 1, "(]"))
     ref_model_sync_steps: int = setting(512, "TR-DPO's tau: the steps between two syncs",
@@ -306,12 +313,6 @@ def validate(cfg: TrainConfig):
     need(cfg.lora_rank == 0 or cfg.ref_reset_every == 0,
          "ref_reset_every with LoRA is not supported: the reference is the base model with the "
          "adapters off")
-    need(not cfg.sync_ref_model or (cfg.beta > 0 and cfg.lora_rank == 0 and cfg.method in
-                                    ("grpo", "ppo") and cfg.ref_reset_every == 0),
-         "the reference's sync (TR-DPO) pulls a frozen reference copy toward the policy: it needs "
-         "beta > 0 and method 'grpo' or 'ppo', no ref_reset_every, and no LoRA (with LoRA the "
-         "reference is the policy with its adapters off, no copy of its own: merging a share of "
-         "the adapters into the base weights would move the policy as well)")
     need(cfg.prompts_per_step % world_size() == 0,
          f"prompts_per_step={cfg.prompts_per_step} does not split over WORLD_SIZE={world_size()} "
          "ranks (each rank samples whole groups): make prompts_per_step a multiple of "
@@ -399,9 +400,7 @@ def load_config(argv: list[str]) -> TrainConfig:
 def help_text() -> str:
     """What `--help` prints: the module docstring, then every key with its default, and for a
     setting (settings.setting) its doc and rule."""
-    described = {line.split("=")[0].strip(): line for line in help_lines(TrainConfig)}
-    keys = [described.get(f"--{f.name}", f"  --{f.name}={getattr(TrainConfig, f.name, '...')!r}")
-            for f in dataclasses.fields(TrainConfig)]
+    keys = [help_line(f) for f in dataclasses.fields(TrainConfig)]
     return __doc__ + "\nConfig keys and their defaults:\n" + "\n".join(keys)
 
 

@@ -82,11 +82,11 @@ def changed(cls, settings) -> list[str]:
     return [name for name, default in defaults(cls).items() if getattr(settings, name) != default]
 
 
-def help_lines(cls) -> list[str]:
-    """--help's line for each setting of cls: --name=default, its doc and its rule."""
-    lines = []
-    for f in fields_of(cls):
-        rule = f.metadata["rule"]
-        lines.append(f"  --{f.name}={f.default!r}  {f.metadata['doc']}"
-                     + (f" ({rule.says})" if rule is not None else ""))
-    return lines
+def help_line(f: dataclasses.Field) -> str:
+    """--help's line for a dataclass field: --name=default ('...' for a default made by a factory),
+    and for a setting its doc and its rule."""
+    default = "..." if f.default is dataclasses.MISSING else f.default
+    if "doc" not in f.metadata:
+        return f"  --{f.name}={default!r}"
+    rule = f.metadata["rule"]
+    return f"  --{f.name}={default!r}  {f.metadata['doc']}" + (f" ({rule.says})" if rule else "")
