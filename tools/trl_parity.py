@@ -267,6 +267,15 @@ def ours(data: dict, settings: dict):
     return loss.item(), logp.grad, entropy.grad
 
 
+def trl_inputs(mask, advantages, old_logp=None, ref_logp=None, sampler_logp=None) -> dict:
+    """The inputs TRL's _compute_loss reads of a batch whose completion mask is mask [B, T]."""
+    return {"prompt_ids": torch.zeros(len(mask), 1, dtype=torch.long),
+            "prompt_mask": torch.ones(len(mask), 1, dtype=torch.long),
+            "completion_ids": torch.zeros(mask.shape, dtype=torch.long), "completion_mask": mask.long(),
+            "advantages": advantages, "old_per_token_logps": old_logp, "ref_per_token_logps": ref_logp,
+            "sampling_per_token_logps": sampler_logp, "num_items_in_batch": mask.sum()}
+
+
 def theirs(code: dict, data: dict, settings: dict):
     """TRL's loss and its gradients on data, by its own code."""
     settings = dict(settings)
@@ -278,12 +287,7 @@ def theirs(code: dict, data: dict, settings: dict):
     trainer = Trainer(code, logp, entropy, **settings)
     if last_entropy is not None:
         trainer._last_world_entropy = last_entropy
-    inputs = {"prompt_ids": torch.zeros(len(logp), 1, dtype=torch.long),
-              "prompt_mask": torch.ones(len(logp), 1, dtype=torch.long),
-              "completion_ids": torch.zeros(logp.shape, dtype=torch.long), "completion_mask": mask.long(),
-              "advantages": data["advantages"], "old_per_token_logps": data["old_logp"],
-              "ref_per_token_logps": data["ref_logp"], "sampling_per_token_logps": data["sampler_logp"],
-              "num_items_in_batch": mask.sum()}
+    inputs = trl_inputs(mask, data["advantages"], data["old_logp"], data["ref_logp"], data["sampler_logp"])
     if trainer.vllm_importance_sampling_correction:
         inputs["importance_sampling_ratio"] = trainer.sampler_ratio(data["old_logp"], data["sampler_logp"], mask.long())
     loss = trainer.loss(inputs)
@@ -365,17 +369,11 @@ def adaptive_coefficients(code: dict, steps: int = 4) -> tuple[list, list]:
     mine, theirs = [], []
     for step in range(steps):
         entropy = data["mask"] * (3.0 - step)
-        grpo_loss(data["logp"].clone().requires_grad_(), None, None, data["advantages"], data["mask"], entropy=entropy,
-                  beta=0.0, use_adaptive_entropy=True, entropy_coef=0.05, entropy_target=2.5, entropy_coef_delta=0.01)
         terms = types.SimpleNamespace(entropy=entropy, policy_mask=data["mask"], logp=data["logp"])
         loss.bonuses[0](terms, types.SimpleNamespace(policy_tokens=data["mask"].sum()))
         mine.append(loss.after_step()["entropy_coef"])
         trainer.entropy = entropy
-        trainer.loss({"prompt_ids": torch.zeros(len(data["logp"]), 1, dtype=torch.long),
-                      "prompt_mask": torch.ones(len(data["logp"]), 1, dtype=torch.long),
-                      "completion_ids": torch.zeros(data["logp"].shape, dtype=torch.long),
-                      "completion_mask": data["mask"].long(), "advantages": data["advantages"],
-                      "old_per_token_logps": None, "ref_per_token_logps": None, "num_items_in_batch": data["mask"].sum()})
+        trainer.loss(trl_inputs(data["mask"], data["advantages"]))
         theirs.append(trainer.entropy_coef)
     return mine, theirs
 
