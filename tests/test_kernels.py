@@ -489,6 +489,18 @@ def specialisation(kernel, args, kwargs, arch):
 COMPILED = {}  # specialisation key -> (the compiled kernel, seconds), for this process
 
 
+def compiled_or_failure(kernel, args, kwargs, arch, label: str):
+    """(the launch compiled for sm_<arch>, []), or (None, [what failed]): the compile's error, or no cubin, or more
+    shared memory than the target has."""
+    try:
+        compiled = compile_for(kernel, args, kwargs, arch)
+    except Exception as error:
+        return None, [f"{label}: {kernel.fn.__name__} {kwargs}: {type(error).__name__}: {str(error)[-300:]}"]
+    if not compiled.asm.get("cubin") or compiled.metadata.shared > SHARED_MEMORY[arch]:
+        return None, [f"{label}: {kernel.fn.__name__} {kwargs}: {compiled.metadata.shared} B shared"]
+    return compiled, []
+
+
 def compile_for(kernel, args, kwargs, arch):
     """The launch compiled for sm_<arch> to a cubin, once per distinct specialisation in this process."""
     import time
@@ -539,14 +551,7 @@ def test_every_kernel_compiles_to_a_cubin_at_every_architecture(triton_cache, ta
     for name, architecture in ARCHITECTURES.items():
         for kernel, args, kwargs in recorded_launches(architecture):
             kernels_seen.add(kernel.fn.__name__)
-            try:
-                compiled = compile_for(kernel, args, kwargs, arch)
-            except Exception as error:
-                failures.append(f"{name}: {kernel.fn.__name__} {kwargs}: {type(error).__name__}: "
-                                f"{str(error)[-300:]}")
-                continue
-            if not compiled.asm.get("cubin") or compiled.metadata.shared > SHARED_MEMORY[arch]:
-                failures.append(f"{name}: {kernel.fn.__name__} {kwargs}: {compiled.metadata.shared} B shared")
+            failures += compiled_or_failure(kernel, args, kwargs, arch, name)[1]
     assert kernels_seen == {"_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel",
                             "_decode_attention_kernel", "_combine_splits_kernel", "_gumbel_kernel"}
     assert not failures, "\n".join(failures)
@@ -624,17 +629,11 @@ def test_the_fused_logprobs_compile_to_a_cubin_at_every_vocabulary_and_width(tri
         for dim in LOGPROB_DIMS:
             for kernel, args, kwargs in recorded_logprob_launches(vocab, dim):
                 keys.add(specialisation(kernel, args, kwargs, arch)[0])
-                try:
-                    compiled = compile_for(kernel, args, kwargs, arch)
-                except Exception as error:
-                    failures.append(f"{vocab} x {dim}: {kernel.fn.__name__} {kwargs}: {type(error).__name__}: "
-                                    f"{str(error)[-300:]}")
-                    continue
-                if not compiled.asm.get("cubin") or compiled.metadata.shared > SHARED_MEMORY[arch]:
-                    failures.append(f"{vocab} x {dim}: {kernel.fn.__name__}: {compiled.metadata.shared} B shared")
-                elif "0 bytes spill stores" not in ptxas_report(compiled, arch):
-                    failures.append(f"{vocab} x {dim}: {kernel.fn.__name__} {kwargs}: spills: "
-                                    f"{ptxas_report(compiled, arch)}")
+                compiled, failed = compiled_or_failure(kernel, args, kwargs, arch, f"{vocab} x {dim}")
+                failures += failed
+                report = ptxas_report(compiled, arch) if compiled is not None else ""
+                if compiled is not None and "0 bytes spill stores" not in report:
+                    failures.append(f"{vocab} x {dim}: {kernel.fn.__name__} {kwargs}: spills: {report}")
     assert not failures, "\n".join(failures)
     assert len(keys) == 4, keys
 
