@@ -101,8 +101,7 @@ def spread(policy: Transformer, sharding: str, device: torch.device) -> Replicas
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
-    """tensor whole: an FSDP2 DTensor shard is all-gathered (a collective: every rank must call
-    this)."""
+    """tensor whole: an FSDP2 DTensor shard all-gathered (a collective)."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
@@ -146,18 +145,10 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer):
                 state[key] = distribute_tensor(value, param.device_mesh, param.placements)
 
 
-def summed_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """tensor summed over the ranks, in place (a collective); tensor itself in a single process."""
+def over_ranks(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """tensor's sum (or "max") over the ranks, in place (a collective); alone: itself."""
     if dist.is_initialized():
-        dist.all_reduce(tensor)
-    return tensor
-
-
-def max_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """tensor's elementwise maximum over the ranks, in place (a collective); tensor itself in a
-    single process."""
-    if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
     return tensor
 
 
@@ -171,9 +162,7 @@ def from_every_rank(obj) -> list:
 
 
 def accumulating(policy, last: bool):
-    """The context of one micro-batch's backward: DDP all-reduces the gradients in the last
-    micro-batch's backward only, after the others accumulated theirs (no_sync); anything else needs
-    nothing."""
+    """A micro-batch's backward: DDP all-reduces the gradients in the last one only (no_sync)."""
     return (policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last
             else contextlib.nullcontext())
 

@@ -27,7 +27,7 @@ from functools import partial
 
 import torch
 
-from distributed import from_every_rank, rank, summed_over_ranks, world_size
+from distributed import from_every_rank, over_ranks, rank, world_size
 from settings import (AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, Rule, changed, check,
                       defaults, one_of, optional, setting, within)
 
@@ -62,11 +62,8 @@ class AdvantageSettings:
 
 
 def advantages_of(samples, batches, cfg) -> tuple[torch.Tensor, dict]:
-    """The advantages of a step's samples (rollout.Samples) and what to log of them: [B] per
-    completion, group_advantages of the rewards (with k1_reward less beta times each sequence's
-    log-ratio to the reference; normalize_then_sum: GDPO's, from each reward's own); or [B, T]
-    per token (process_supervised). The stats: advantage_stats of this rank's rows (GDPO's
-    per-reward means: every rank's)."""
+    """A step's advantages [B] (group_advantages; GDPO: of each reward) or [B, T]
+    (process_supervised), and their stats."""
     rewards = torch.tensor(samples.rewards)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp,
@@ -80,7 +77,7 @@ def advantages_of(samples, batches, cfg) -> tuple[torch.Tensor, dict]:
         for name, values in normalised.items():
             stats[f"adv_abs_mean_{name}"] = values.abs().mean().item()
     else:
-        every = torch.cat(from_every_rank(rewards))  # every rank's: scale "batch" reads them all
+        every = torch.cat(from_every_rank(rewards))  # every rank's: scale "batch" reads all
         advantages = group_advantages(every, cfg.group_size, baseline=cfg.adv_baseline,
                                       scale=reward_scale(cfg))
     advantages = advantages.view(world_size(), -1)[rank()]  # this rank's rows
@@ -121,8 +118,7 @@ def process_supervised(advantages, samples, cfg) -> torch.Tensor:
 
 
 def reward_scale(cfg) -> str:
-    """group_advantages' scale for cfg: scale_rewards in TRL's names ("group" is "std"), or "none"
-    where adv_scale, its older name, says so."""
+    """group_advantages' scale: scale_rewards ("group" is "std"), or adv_scale's "none"."""
     return "none" if cfg.adv_scale == "none" else {"group": "std"}.get(cfg.scale_rewards,
                                                                       cfg.scale_rewards)
 
@@ -146,14 +142,9 @@ def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
 
 
 def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6):
-    """Outcome advantages, one per completion: rewards [B] float -> advantages [B] float32.
-    baseline: "mean" subtracts the group mean (GRPO); "rloo" the mean of the *other* G-1 rewards
-    (leave-one-out, = G/(G-1) * (r - mean)); "none" keeps the raw reward (REINFORCE).
-    scale: "std" divides by (group std + eps), the unbiased std (torch.std's, as DeepSeekMath and
-    TRL); "batch" by (the std of all B rewards + eps), as PPO-Lite (arXiv:2508.08221) and TRL's
-    scale_rewards="batch"; "none" does not divide (Dr. GRPO, arXiv:2503.20783).
-    GRPO = ("mean", "std"), Dr. GRPO = ("mean", "none"), RLOO = ("rloo", "none"), REINFORCE =
-    ("none", "none"). With a baseline, a group whose rewards are all equal gets exactly 0."""
+    """rewards [B] -> advantages [B] fp32, a group: group_size consecutive rows. baseline: "mean"
+    (GRPO), "rloo" (the others' mean), "none" (REINFORCE). scale: "std" (the group's + eps), "batch"
+    (PPO-Lite, arXiv:2508.08221), "none" (Dr. GRPO, arXiv:2503.20783). Equal rewards: 0."""
     grouped = _grouped(rewards, group_size)  # [n_groups, G]
     if (baseline, scale) == ("none", "none"):  # REINFORCE: the raw rewards
         return grouped.flatten()
@@ -176,10 +167,9 @@ def _grouped(rewards, group_size):
 
 
 def advantage_stats(advantages: torch.Tensor, lengths: list[int]) -> dict:
-    """What the step logs of its advantages, [B] per completion (or [B, T] per token, over each
-    completion's `lengths` tokens): their mean |A| and std, and the share of them that are 0 (a
-    group of equal rewards: no signal). This rank's (every rank's when they log alike)."""
-    if advantages.dim() == 2:  # per token: the completion tokens'
+    """The advantages' mean |A|, std and share of zeros (equal rewards: no signal), [B], or [B, T]
+    over each completion's `lengths` tokens; this rank's."""
+    if advantages.dim() == 2:
         advantages = advantages[torch.arange(advantages.shape[1]) < torch.tensor(lengths)[:, None]]
     return {"adv_abs_mean": advantages.abs().mean().item(),
             "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
@@ -360,7 +350,7 @@ class Terms:
 
 
 def terms_of(batch, logp: torch.Tensor, entropy: torch.Tensor | None) -> Terms:
-    """The Terms of a micro-batch whose completion tokens have log-probs logp [b, N] (with grad)."""
+    """A micro-batch's Terms, from its completion tokens' log-probs logp [b, N] (with grad)."""
     old_logp = logp.detach() if batch.old_logp is None else batch.old_logp
     log_ratio = logp - old_logp  # [b, N]
     advantages = batch.advantages.float()
@@ -409,8 +399,7 @@ class Loss:
         return loss, {key: value / sizes.scored for key, value in sums.items()}
 
     def after_step(self) -> dict:
-        """After each optimizer step (the update calls it): each part that keeps state updates it;
-        -> what they log."""
+        """After each optimizer step: the stateful parts update -> what they log."""
         return {key: value for part in self.stateful for key, value in part.after_step().items()}
 
     def state_dict(self) -> dict:
@@ -445,9 +434,8 @@ IMPORTANCE_SAMPLING_LEVELS = {"token": token_ratio, "sequence": sequence_ratio}
 
 
 def clip(x: Terms, low: float, high: float) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped surrogate (arXiv:1707.06347; DeepSeekMath eq. 3), with DAPO's clip-higher
-    when high > low (arXiv:2503.14476): -min(r A, clip(r, 1 - low, 1 + high) A). Measures the
-    tokens it clips: clip_frac_low (A < 0), clip_frac_high (A > 0)."""
+    """PPO's clipped surrogate (DeepSeekMath eq. 3; DAPO's clip-higher, arXiv:2503.14476):
+    -min(r A, clip(r, 1 - low, 1 + high) A)."""
     clipped = x.ratio.clamp(1 - low, 1 + high)
     token_loss = -torch.minimum(x.ratio * x.advantages, clipped * x.advantages)
     return token_loss, {"clip_frac_low": summed(x, (x.advantages < 0) & (x.ratio < 1 - low)),
@@ -455,7 +443,7 @@ def clip(x: Terms, low: float, high: float) -> tuple[torch.Tensor, dict]:
 
 
 def summed(x: Terms, value: torch.Tensor) -> torch.Tensor:
-    """value's sum over the micro-batch's completion tokens (0-d, no grad): a measure."""
+    """A measure: value's sum over the completion tokens (0-d, no grad)."""
     return (value.detach().float() * x.scored).sum()
 
 
@@ -551,11 +539,9 @@ IMPORTANCE_SAMPLING_MODES = {"token_truncate": (token_sampler_ratio, truncated),
 
 
 def sampler_correction(x: Terms, ratio_of, bound, low: float, high: float):
-    """The sampler's numerics against the trainer's (a bf16 copy, a KV-cache decode): the policy
-    term weighed by pi_old / pi_sampler, bounded to [low, high] (Yao et al. 2025, "Your efficient
-    RL framework secretly brings you off-policy RL training"; TRL's vllm_importance_sampling_*).
-    Measures tis_capped_frac (the tokens whose ratio lies outside [low, high]) and
-    tis_weight_mean."""
+    """The policy term weighed by pi_old / pi_sampler bounded to [low, high]: the sampler's
+    numerics against the trainer's (Yao et al. 2025, "Your efficient RL framework secretly brings
+    you off-policy RL training"; TRL's vllm_importance_sampling_*)."""
     ratio = ratio_of(x)  # [b, N] or [b, 1]
     weight = bound(ratio, low, high)
     return weight, {"tis_capped_frac": summed(x, (ratio < low) | (ratio > high)),
@@ -565,8 +551,7 @@ def sampler_correction(x: Terms, ratio_of, bound, low: float, high: float):
 
 
 def kl_penalty(x: Terms, beta: float, estimator) -> tuple[torch.Tensor, dict]:
-    """beta times a per-token estimate of KL(pi_theta || pi_ref) (DeepSeekMath eq. 4) by
-    estimator (KL_ESTIMATORS). Measures kl: k3's value, whatever the estimator."""
+    """beta times estimator's per-token KL(pi_theta || pi_ref) (DeepSeekMath eq. 4); logs k3."""
     log_ratio, kl = reference_log_ratio(x)
     return beta * estimator(x, log_ratio, kl), {"kl": summed(x, kl)}
 
@@ -577,15 +562,13 @@ def reference_kl(x: Terms) -> dict:
 
 
 def reference_log_ratio(x: Terms) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi_ref / pi_theta per token, clamped to +-20 (exp(20) is finite in fp32: one outlier
-    token cannot overflow k3), and k3 = exp(it) - it - 1 >= 0, each [b, N]."""
+    """log pi_ref / pi_theta [b, N] clamped to +-20 (no fp32 overflow), and k3 = e^it - it - 1."""
     log_ratio = (x.ref_logp - x.logp).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
     return log_ratio, torch.exp(log_ratio) - log_ratio - 1
 
 
 def k3(x: Terms, log_ratio: torch.Tensor, kl: torch.Tensor) -> torch.Tensor:
-    """DeepSeekMath's (Schulman's k3): unbiased in value; its gradient follows KL(pi_ref ||
-    pi_theta). Which KL each estimator's gradient follows: docs/guide.md, "The KL term"."""
+    """DeepSeekMath's (Schulman's k3); its gradient: docs/guide.md, "The KL term"."""
     return kl
 
 
@@ -608,8 +591,7 @@ KL_ESTIMATORS = {"k3": k3, "k3_is": k3_is, "k2": k2, "k1_reward": None}
 
 
 def seq_mean(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
-    """DeepSeekMath eq. 3: each completion's mean over its tokens, averaged over the
-    completions: sum_i (sum_t loss_it / |o_i|) / N."""
+    """DeepSeekMath eq. 3: sum_i (sum_t loss_it / |o_i|) / N."""
     per_row = (token_loss * mask).sum(dim=1)  # [b]
     return (per_row / mask.sum(dim=1).clamp(min=1)).sum() / sizes.sequences
 
@@ -665,7 +647,7 @@ class AdaptiveEntropy:
 
     def after_step(self) -> dict:
         """The step's entropy (every rank's) moves the coefficient; -> the coefficient, to log."""
-        total, count = summed_over_ranks(self.sums).tolist()
+        total, count = over_ranks(self.sums).tolist()
         self.last_entropy = total / max(count, 1.0)
         step = self.delta if self.last_entropy <= self.target else -self.delta
         self.coef = min(max(self.coef + step, self.low), self.high)
@@ -686,7 +668,7 @@ def policy_tokens(x: Terms) -> dict:
 
 
 def entropy_sum(x: Terms) -> dict:
-    """The entropy measure from completion_logprobs' sum."""
+    """The logged entropy (completion_logprobs' sum)."""
     return {"entropy": x.entropy}
 
 

@@ -188,16 +188,14 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; cos/sin [B, 1, T, D]. Rotates the two halves of each head (the HF/Qwen
-    layout)."""
+    """x [B, H, T, D]; cos/sin [B, 1, T, D]: each head's two halves rotated (HF's layout)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def additive_mask(real: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
-    """real [B, S]: the key slots holding real tokens; slots [T]: the queries' -> [B, 1, T, S] in
-    dtype, added to SDPA's scores (which converts booleans in every layer): 0 where a query sees a
-    key (a real one up to its own slot; always itself: no padded row softmaxes over nothing)."""
+    """real [B, S] key slots, the queries' slots [T] -> SDPA's additive [B, 1, T, S]: 0 where a
+    query sees a key (a real one up to its own; always itself: no row softmaxes over nothing)."""
     key_slots = torch.arange(real.shape[1], device=real.device)
     causal = key_slots[None, :] <= slots[:, None]  # [T, S]
     seen = (causal & real.bool()[:, None]) | (key_slots[None, :] == slots[:, None])  # [B, T, S]
@@ -211,8 +209,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalised in fp32, one kernel on CUDA (on the CPU in fp32 the checkpoints' own sums); the
-        # weight in x's dtype, so that fp32 master weights under autocast compute as their bf16 copy
+        # the weight in x's dtype: fp32 master weights under autocast compute as their bf16 copy
         return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
@@ -234,7 +231,7 @@ class KVCache:
         return 2 * batch_size * max_len * per_slot  # keys and values
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
-        """Write k/v [B, Hkv, T, D] at cache slots [T]; return this layer's whole cache (k, v)."""
+        """Write k/v [B, Hkv, T, D] at slots [T] -> this layer's whole cache (k, v)."""
         self.k[layer].index_copy_(2, slots, k)
         self.v[layer].index_copy_(2, slots, v)
         return self.k[layer], self.v[layer]
@@ -261,17 +258,17 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):  # Qwen3: each head's query and key normalised, before RoPE,
-            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)  # not in CUDA's fp32
+        if hasattr(self, "q_norm"):  # Qwen3: each head's q and k normed, in their dtype
+            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        # queries and keys rotated in one go: [B, n_heads + n_kv_heads, T, head_dim]
+        # q and k rotated in one go: [B, n_heads + n_kv_heads, T, head_dim]
         qk = apply_rope(torch.cat((q, k), dim=2).transpose(1, 2), cos, sin)
         q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)
         if cache is not None:
             k, v = cache.update(self.layer, k, v, slots)
         group = self.n_heads // self.n_kv_heads
         if T == 1 and group > 1:
-            # one decode step: each kv head's query group folded into the query axis, no kv copy
+            # one decode step: each kv head's queries folded into the query axis, no kv copy
             q = q.view(B, self.n_kv_heads, group, self.head_dim)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             y = y.reshape(B, self.n_heads, 1, self.head_dim)
@@ -283,19 +280,17 @@ class Attention(nn.Module):
 
 
 def attention_kv(k, v, group: int, masked: bool, device_type: str):
-    """The keys and values SDPA gets for a multi-token call, and whether SDPA broadcasts grouped
-    (GQA) kv heads itself. On CUDA only flash attention takes grouped heads, with no mask and not in
-    fp32 (memory-efficient: no broadcast; cuDNN: off); elsewhere SDPA's math backend would hold fp32
-    scores [B, heads, T, S], 37 GB at configs/math.py's longest prefill: each kv head is repeated
-    instead. On the CPU broadcasting is kept: the backward's K/V sums would round otherwise."""
+    """SDPA's keys and values for T > 1, and whether it broadcasts the kv heads (GQA) itself: on
+    CUDA only flash attention can (no mask, half precision); else kv heads are repeated (the math
+    backend's fp32 scores: 37 GB at configs/math.py's longest prefill)."""
     if group > 1 and device_type == "cuda" and (masked or k.dtype not in HALF):
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
     return k, v, group > 1
 
 
 def rolls_rows(x: torch.Tensor) -> bool:
-    """Whether a padded forward without a cache rolls its rows past their padding, unmasked (flash
-    attention, grouped heads): on CUDA in half precision; the CPU keeps the masked reference."""
+    """Whether a padded forward rolls its rows past their padding for unmasked flash attention:
+    on CUDA in half precision."""
     return x.is_cuda and x.dtype in HALF
 
 
@@ -559,11 +554,9 @@ class Transformer(nn.Module):
 
     def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0,
                 return_hidden=False):
-        """ids [B, T] -> logits [B, T, vocab] (or the final normed hidden states [B, T, dim]).
-        positions [B, T]: RoPE positions (default: real tokens counted from 0). attention_mask
-        [B, S]: real key slots (S = T, or cache.max_len with a cache), each query seeing the real
-        ones up to its own; or ready, additive_mask's [B, 1, T, S] (the sampler's decode steps).
-        cache, cache_index (int or 0-d tensor): k/v written at slots cache_index.., T of them."""
+        """ids [B, T] -> logits [B, T, vocab] (return_hidden: the normed hidden states [B, T, dim]).
+        positions [B, T]: RoPE's. attention_mask: [B, S] real key slots (S = T, or cache.max_len),
+        or additive_mask's [B, 1, T, S]. cache: k/v written at slots cache_index.., T of them."""
         B, T = ids.shape
         device = ids.device
         slots = torch.arange(T, device=device) + cache_index  # [T]
@@ -575,28 +568,25 @@ class Transformer(nn.Module):
             if cache is None and real is not None:
                 positions = (real.long().cumsum(-1) - 1).clamp(min=0)
         x = self.embed(ids)
-        # the residual stream, norms and RoPE in the autocast dtype, as the bf16 sampler and
-        # reference compute them: one numerics
+        # the residual stream in the autocast dtype, as the bf16 sampler computes it
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         mask = attention_mask  # None (causal), ready, or the real slots
         rows = None  # [B, T]: where a rolled row's token t came from
-        if real is not None and cache is None and rolls_rows(x):
-            # real tokens (contiguous) from slot 0: causal attention reaches no pad, needs no mask
+        if real is not None and cache is None and rolls_rows(x):  # real tokens from slot 0: causal
             rows = (slots + real.long().argmax(-1, keepdim=True)) % T
             x = x.gather(1, rows[..., None].expand_as(x))
             positions = positions.gather(1, rows)
             mask = None
         elif real is not None:
             mask = additive_mask(real, slots, x.dtype)
-        freqs = positions[..., None] * self.inv_freq  # [B, T, D/2] fp32, as checkpoints do
+        freqs = positions[..., None] * self.inv_freq  # [B, T, D/2] fp32, as checkpoints
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.layers:
-            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, mask, use_reentrant=False)
-            else:
-                x = block(x, cos, sin, mask, cache, slots)
+            x = (checkpoint(block, x, cos, sin, mask, use_reentrant=False) if checkpointed
+                 else block(x, cos, sin, mask, cache, slots))
         x = self.norm(x)
         if rows is not None:  # rolled back
             x = torch.zeros_like(x).scatter(1, rows[..., None].expand_as(x), x)

@@ -24,17 +24,13 @@ from template import R1_ZERO, Template, template_of
 
 
 def score_completions(completions: list[str], golds: list[str], truncated: list[bool],
-                      weights: dict[str, float], questions: list[str] | None = None,
-                      functions=None, template: Template = R1_ZERO,
-                      lengths: list[int] | None = None, max_new_tokens: int | None = None,
-                      answer_checker: str | None = None, check: bool = True
-                      ) -> tuple[list[float], dict]:
-    """Each completion's rewards, weighed: -> (totals, N floats: sum over weights' names of weight
-    * reward; components, {name: N unweighted rewards}). A name is a rule (REWARD_FUNCTIONS) or a
-    key of functions, the config's own rewards (what one may read: reward_models.py's
-    REWARD_INFO). completions, golds, truncated and questions, lengths (tokens): N each.
-    A reward that raises or returns anything but N finite numbers stops here with a RuntimeError
-    naming it and the completion. check=False: no checks of the arguments (_check_scoring)."""
+                      weights: dict[str, float], questions: list[str] | None = None, functions=None,
+                      template: Template = R1_ZERO, lengths: list[int] | None = None,
+                      max_new_tokens: int | None = None, answer_checker: str | None = None,
+                      check: bool = True) -> tuple[list[float], dict]:
+    """N completions' rewards -> (totals: sum of weight * reward; components: {name: N rewards}).
+    A name is a rule (REWARD_FUNCTIONS) or one of functions, the config's own (they read
+    reward_models.REWARD_INFO); one failing is a RuntimeError naming it."""
     functions = functions or {}
     if check:
         _check_scoring(completions, golds, truncated, questions, lengths, weights, functions)
@@ -205,10 +201,8 @@ def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens
 
 def correctness_reward(completion: str, gold: str, truncated: bool = False,
                        template: Template = R1_ZERO, answer_checker: str = "gsm8k") -> float:
-    """1.0 if the completion's final answer (extract_answer, in template's tags) equals gold (a
-    final-answer string like "1,600"), else 0.0. A truncated completion never finished its answer,
-    so it earns nothing. answer_checker: an ANSWER_CHECKERS name, "gsm8k" (every form of
-    extract_answer, answers.is_equiv) or "math" (MATH_FORMS, math_answers.is_equiv_math)."""
+    """1.0 if the completion's final answer (extract_answer) equals gold ("1,600") under
+    answer_checker (ANSWER_CHECKERS: "gsm8k" or "math"), else 0.0; truncated: 0.0, unfinished."""
     if truncated:
         return 0.0
     forms, equiv = answer_checker_of(answer_checker)
@@ -217,10 +211,8 @@ def correctness_reward(completion: str, gold: str, truncated: bool = False,
 
 def format_reward(completion: str, gold: str, truncated: bool = False,
                   template: Template = R1_ZERO) -> float:
-    """1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>" by
-    default, else 0.0: each of the four tags exactly once and in that order, only whitespace
-    before <think>, between </think> and <answer>, and after </answer>; a non-empty answer. gold
-    and truncated are ignored: layout is judged on the text alone."""
+    """1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>": each
+    tag once, in order, only whitespace outside them, a non-empty answer; else 0.0."""
     think_open, think_close = template.think
     answer_open, answer_close = template.answer
     if any(completion.count(tag) != 1 for tag in (*template.think, *template.answer)):

@@ -42,12 +42,11 @@ class QuestionStream:
     def next(self, k: int) -> list[int]:
         picked = []
         while len(picked) < k:
-            if self.cursor == len(self.order):
+            if self.cursor == len(self.order):  # a new epoch
                 self.order, self.cursor = list(range(self.n)), 0
                 self.rng.shuffle(self.order)
-            take = min(k - len(picked), len(self.order) - self.cursor)
-            picked += self.order[self.cursor:self.cursor + take]
-            self.cursor += take
+            picked.append(self.order[self.cursor])
+            self.cursor += 1
         return picked
 
     def state_dict(self) -> dict:
@@ -59,10 +58,8 @@ class QuestionStream:
 
 
 def rollout_seed(seed: int, index: int, draw: int = 0) -> int:
-    """The sampler's seed for rollout number `index` of a run seeded `seed` (a training step's rows
-    on one rank, step * world_size + rank, or one evaluation sample) and draw `draw` (dynamic
-    sampling's extra draws are 1, 2, ...; it takes index + draw * DRAW_STRIDE): distinct per (seed,
-    index, draw), so a resumed run draws the same samples."""
+    """The sampler's seed for rollout `index` (step * world_size + rank) and dynamic sampling's
+    draw `draw`: distinct for each, so a resumed run draws the same samples."""
     return (seed * 1_000_003 + index + draw * DRAW_STRIDE) % 2 ** 31
 
 
@@ -167,10 +164,8 @@ class Scoring:
 
 
 def sample_groups(run, cfg, step: int) -> Samples:
-    """A training step's rollout: prompts_per_step questions from run.stream, group_size scored
-    completions of each (a group: group_size consecutive rows) by run.sampler, seeded by
-    rollout_seed(seed, step * world_size + rank); under torchrun each rank keeps its slice of whole
-    groups. dynamic_sampling: dynamic_groups draws instead."""
+    """A step's rollout: group_size scored completions (consecutive rows) of each of
+    prompts_per_step questions; under torchrun each rank's share of the groups."""
     if cfg.dynamic_sampling:
         return dynamic_groups(run, cfg, step)
     share = cfg.prompts_per_step // world_size()
@@ -224,8 +219,7 @@ def scored_groups(run, cfg, picked: list[int], seed: int) -> Samples:
 def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str],
                      seed: int | list[int], sampling: Sampling, scoring: Scoring,
                      questions: list[str] | None = None) -> Samples:
-    """Sample one completion per prompt, decode it and score it against its gold answer
-    (questions: the problems' text, which the config's own rewards may read)."""
+    """One completion per prompt, sampled, decoded and scored against its gold answer."""
     start = time.perf_counter()
     rollout = generate(model, prompts, sampling.max_new_tokens, temperature=sampling.temperature,
                        top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops,
@@ -237,17 +231,15 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     completions = [row[:n] for row, n in zip(rollout.tokens.tolist(), lengths)]
     logprobs = [row[:n] for row, n in zip(rollout.logprobs.tolist(), lengths)]
     sampled = time.perf_counter()
-    # "</answer>" is kept in the text, a final end-of-text token is not
     texts = [tokenizer.decode(c[:-1] if c[-1] in sampling.end_of_text else c) for c in completions]
-    # the format reward judges the whole response, from the prompt's response prefix ("<think>");
-    # correctness and format are measured whatever the weights (0: not in the reward)
+    # scored from the response prefix ("<think>") on; correctness and format always logged
     template = scoring.template
     weights = {"correctness": 0.0, "format": 0.0, **scoring.weights}
     rewards, components = score_completions(
         [template.prefix + t for t in texts], golds, [not s for s in stopped], weights, questions,
         scoring.functions, template=template, lengths=lengths,
         max_new_tokens=sampling.max_new_tokens, answer_checker=scoring.answer_checker,
-        check=False)  # N of each by construction; the names checked with the config
+        check=False)  # checked with the config
     claims = [claim_rewards(text, ids, tokenizer.decode, truncated=not stop)
               for text, ids, stop in zip(texts, completions, stopped)] if scoring.process else None
     return Samples(prompts, completions, texts, stopped, logprobs, rewards, components,

@@ -86,31 +86,22 @@ class Rollout:
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(),
              stop_sequences=(), seed=None, pad_id=0, cuda_graphs=True,
              fused_sampling=True, fused_decode=True, check=True) -> Rollout:
-    """Continue each of the ragged `prompts` (lists of token ids) by up to max_new_tokens tokens.
-    A row ends right after it generates the last id of a stop sequence (a list of ids, as the tokens
-    of "</answer>"; each of stop_ids is one of one id), kept in its output; one lying partly in the
-    prompt does not count. temperature 0 is greedy; top_p / top_k truncate (off-policy: module
-    docstring). The same seed on the same device gives the same output; None draws one; a list
-    gives each row its own generator, so its samples do not depend on the batch (the eager loop).
-    cuda_graphs, fused_sampling, fused_decode: the GPU fast paths (module docstring), each falling
-    back to the eager path by itself. check=False: no checks of the arguments and the memory
-    (_check_request), for a caller that made them at set-up (train.py)."""
+    """Continue each ragged prompt (a list of ids) by up to max_new_tokens tokens; a row ends
+    after a stop sequence (kept; stop_ids: sequences of one). temperature 0: greedy. seed: an int,
+    None, or one per row. check=False: the caller checked the arguments (_check_request)."""
     if check:
         _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
                        stop_sequences, seed)
-    device = model.lm_head.weight.device
-    dtype = model.lm_head.weight.dtype
+    device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
     batch = len(prompts)
     prompt_len = max(len(p) for p in prompts)
     max_len = cache_slots(prompt_len, max_new_tokens)
-    fast = device.type in FAST_PATH_DEVICES  # where the fast paths are tried
-    if isinstance(seed, (list, tuple)):
-        generator = [torch.Generator(device).manual_seed(s) for s in seed]
-        cuda_graphs = False  # a generator per row: the eager loop
+    fast = device.type in FAST_PATH_DEVICES  # cuda_graphs, fused_*: module docstring
+    if isinstance(seed, (list, tuple)):  # a generator per row: the eager loop
+        generator, cuda_graphs = [torch.Generator(device).manual_seed(s) for s in seed], False
     else:
         generator = torch.Generator(device)
         generator.manual_seed(seed) if seed is not None else generator.seed()
-
     ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
     real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts],
                         device=device)  # [B, P]: not padding
@@ -123,9 +114,9 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
         hidden = model(ids[rows], positions=positions[rows], attention_mask=real[rows],
                        cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
         first.append(model.lm_head(hidden[:, -1]))
-        del hidden  # the prefill's hidden states [rows, P, dim] are not kept for the decode loop
+        del hidden  # [rows, P, dim]: not kept for the decode loop
     first = first[0] if len(first) == 1 else torch.cat(first)
-    # the decode steps' additive attention mask: 0 at the real prompt slots
+    # the decode steps' additive mask: 0 at the real prompt slots
     mask = torch.full((batch, 1, 1, max_len), float("-inf"), dtype=dtype, device=device)
     mask[:, 0, 0, :prompt_len].masked_fill_(real, 0.0)
     stop = _stop_table(stop_ids, stop_sequences).to(device)
@@ -133,9 +124,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     decoder = _Decoder(model, cache, mask, real.sum(-1), sampling, stop, pad_id, generator,
                        prompt_len)
     decoder.record(first)
-
-    # the decode step, chosen once: the model's forward; on a fast-path device maybe the fused
-    # kernels, maybe replayed as CUDA graphs (_fast_step)
+    # the decode step, chosen once: the model's forward, or the fast paths (_fast_step)
     step = _fast_step(decoder, generator, cuda_graphs, fused_decode) if fast else decoder.step
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
@@ -146,7 +135,6 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
                 decoder.compact()
         decoder.attend = min(-(-(prompt_len + generated) // BUCKET) * BUCKET, max_len)
         step()
-
     stops = decoder.stops[:, prompt_len:prompt_len + max_new_tokens]
     stopped = stops.any(-1)
     lengths = torch.where(stopped, stops.int().argmax(-1) + 1, max_new_tokens)  # to the first stop
@@ -236,7 +224,7 @@ def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k, st
 
 
 def cache_slots(prompt_len: int, max_new_tokens: int) -> int:
-    """The KV cache's slots for prompts of prompt_len: a multiple of 8, for aligned kernels."""
+    """The KV cache's slots: a multiple of 8, for aligned kernels."""
     return -(-(prompt_len + max_new_tokens) // 8) * 8
 
 
@@ -257,8 +245,7 @@ def _check_memory(config, batch, prompt_len, max_new_tokens, dtype, device):
 
 
 def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
-    """The first `length` slots of `cache` (of these rows), sharing its memory: attention then reads
-    only those."""
+    """The first `length` slots of `cache` (of these rows), sharing its memory."""
     view = copy.copy(cache)
     view.k = cache.k[:, rows, :, :length]
     view.v = cache.v[:, rows, :, :length]
@@ -267,8 +254,7 @@ def prefix_view(cache: KVCache, length: int, rows=slice(None)) -> KVCache:
 
 
 def _stop_table(stop_ids, stop_sequences) -> torch.Tensor:
-    """Stop ids (sequences of one) and stop sequences (lists of ids) -> [S, L] ids, each sequence
-    right-aligned to end in the last column, -1 padding the shorter ones; no stops gives [0, 1]."""
+    """Stop ids and sequences -> [S, L] ids, right-aligned, -1 padding; no stops: [0, 1]."""
     sequences = [[int(i)] for i in stop_ids]
     sequences += [[int(i) for i in sequence] for sequence in stop_sequences]
     width = max(map(len, sequences), default=1)
@@ -289,23 +275,23 @@ class _Decoder:
         device = mask.device
         self.model = model
         self.cache = cache
-        self.mask = mask  # [B, 1, 1, max_len] additive: 0 where the rows' next queries look
-        self.pos = positions  # [B]: the RoPE position of each row's next token
-        self.starts = prompt_len - positions  # [B]: each row's first real slot (left padding)
+        self.mask = mask  # [B, 1, 1, max_len] additive: 0 where the next queries look
+        self.pos = positions  # [B]: RoPE's for each row's next token
+        self.starts = prompt_len - positions  # [B]: each row's first real slot
         self.sampling = sampling
         self.generator = generator
         self.stop = stop  # [S, L] stop sequences, right-aligned; -1 pads
         self.stop_pad = stop < 0
-        # by row and cache slot: the ids sampled, their log-probs, whether a stop sequence ends
+        # by row and slot: the ids sampled, their log-probs, whether a stop sequence ends
         self.tokens = torch.full((batch, max_len), pad_id, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(batch, max_len, device=device)
         self.stops = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
-        self.slot = torch.tensor(prompt_len, device=device)  # the slot of the token sampled last
+        self.slot = torch.tensor(prompt_len, device=device)  # the slot sampled last
         self.rows = torch.arange(batch, device=device)
         self.last = torch.zeros_like(self.rows)  # each row's latest token, fed next step
-        # each row's last L generated ids, oldest first; -1 until it has L (a stop is all generated)
+        # each row's last L generated ids, oldest first; -1 until it has L
         self.recent = torch.full((batch, stop.shape[1]), -1, dtype=torch.long, device=device)
-        self.attend = max_len  # cache slots read by attention; set per bucket by the host
+        self.attend = max_len  # the cache slots attention reads (a bucket)
 
     def record(self, logits):
         """Sample slot `slot`'s tokens from logits [b, V]: ids, log-probs, a stop ending there."""
@@ -315,7 +301,7 @@ class _Decoder:
         self.tokens.index_put_(column, ids)
         self.logprobs.index_put_(column, logprobs)
         self.recent.copy_(torch.cat([self.recent[:, 1:], ids[:, None]], dim=1))
-        # a stop sequence ends here when the newest ids equal it in every column it fills
+        # a stop sequence ends here: the newest ids equal it in every column it fills
         matches = ((self.recent[:, None] == self.stop) | self.stop_pad).all(-1)  # [b, S]
         self.stops.index_put_(column, matches.any(-1))
         self.last.copy_(ids)
@@ -439,11 +425,8 @@ def _capture(step, generator, pool):
 
 
 def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
-    """logits [B, V] -> (ids [B], logprobs [B] fp32 under log_softmax(logits / T), before
-    truncation). generator: one torch.Generator, or a list of B (row b's noise from its own).
-    temperature 0 is greedy, its log-probs at T = 1. Sampling is Gumbel-max, argmax(logits / T -
-    log E) with E ~ Exp(1): an exact draw from softmax(logits / T) with no host sync, so that it
-    can live in a CUDA graph. fused: on CUDA, the fused Triton kernel where it applies."""
+    """logits [B, V] -> (ids [B], fp32 log-probs [B] under log_softmax(logits / T), greedy's at
+    T = 1). Gumbel-max, argmax(logits / T - log E), E ~ Exp(1): an exact draw, no host sync."""
     one_generator = isinstance(generator, torch.Generator)
     if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
         return _fused_or_eager(logits, temperature, generator)

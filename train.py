@@ -115,44 +115,43 @@ def with_peak_memory(step_fn, run: Run, cfg: TrainConfig, step: int) -> tuple[Sa
 
 
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
-    """One step of GRPO on run's weights, in place (method="ppo": PPO's, a critic's values for the
-    group baseline); returns what it computed, for the loop to record: the samples and the update's
-    stats (with lr and the phase times; the loop adds the peak memory, with_peak_memory)."""
+    """One GRPO step on run's weights, in place (method="ppo": a critic's values as the baseline)
+    -> the samples and the update's stats, for the loop to record."""
     device = run.policy.lm_head.weight.device
-    # 1. rollout: group_size completions of prompts_per_step questions, sampled, scored, shaped
+    # 1. rollout: group_size scored completions of each of prompts_per_step questions
     samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
     trained = samples.stopped if run.loss.drops_truncated else None  # DAPO: no truncated
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs, trained)
-    # 2. reference log-probs for the KL penalty (beta > 0); for mu > 1 the sampling policy's too
-    if cfg.beta > 0:  # the reference: a frozen copy, or with LoRA the policy without its adapters
+    # 2. log-probs: the reference's for the KL (beta > 0), the sampling policy's for mu > 1
+    if cfg.beta > 0:  # a frozen copy, or with LoRA the policy without its adapters
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature,
                          cfg.logprob_chunk, run.autocast)
     if cfg.mu > 1:
         add_logprobs(run.policy, batches, "old_logp", cfg.temperature, cfg.logprob_chunk,
                      run.autocast)
-    if run.loss.entropy_quantile < 1:  # the step's highest-entropy tokens, chosen once
+    if run.loss.entropy_quantile < 1:  # the highest-entropy tokens, chosen once
         mark_high_entropy(run.policy, batches, run.loss.entropy_quantile, cfg.temperature,
                           cfg.logprob_chunk, run.autocast)
-    # 3. advantages: the rewards normalised within each group; PPO: GAE on its critic's values
+    # 3. advantages: rewards normalised within each group; PPO: GAE on a critic's values
     if run.critic is None:
         advantages, advantage_stats = advantages_of(samples, batches, cfg)
         set_rows(batches, "advantages", advantages)
-    else:  # the critic's values, then the advantages and the returns it learns
+    else:
         advantage_stats = gae_advantages(run.critic, samples, batches, cfg, run.autocast)
     if device.type == "cuda":
-        torch.cuda.synchronize()  # so the phase timings below are honest
+        torch.cuda.synchronize()  # honest phase times
     t2 = time.perf_counter()
-    # 4. update: mu optimizer steps on the clipped objective, whole-batch normalisers
+    # 4. update: mu optimizer steps on the clipped objective
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
     stats = update(run.policy, run.optimizer, batches, run.loss, cfg, lr, run.autocast, run.ddp)
-    if run.critic is not None:  # PPO: the critic's mu steps on the clipped value loss
+    if run.critic is not None:  # PPO: the critic's mu steps
         critic_lr = warmup_lr(cfg.critic_rate, step, cfg.warmup_steps)
         stats.update(critic_update(run.critic, run.critic_optimizer, batches, cfg, critic_lr,
                                    run.autocast))
-    # 5. sync the sampler: it generates the next step's rollout with the new weights
+    # 5. the sampler takes the new weights
     if run.sampler is not run.policy:
         copy_weights(run.sampler, run.policy)
     t3 = time.perf_counter()

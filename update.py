@@ -20,13 +20,13 @@ micro-batch never exist at once: lm_head and log_softmax run a chunk of tokens a
 import math
 import sys
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 import kernels
-from distributed import (accumulating, from_every_rank, max_over_ranks, summed_over_ranks, whole,
-                         world_size)
+from distributed import accumulating, from_every_rank, over_ranks, whole, world_size
 from grpo import Sizes, entropy_floor, gae, terms_of, token_rewards, value_loss, whitened
 
 GAP_STATS = ("logprob_gap", "logprob_gap_max", "sampler_ratio")
@@ -60,10 +60,8 @@ class MicroBatch:
 def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
                        sampler_logprobs: list[list[float]] | None = None,
                        trained: list[bool] | None = None) -> list[MicroBatch]:
-    """Split rows into micro-batches of `size` rows of similar total length (less padding); any
-    split is exact (whole-batch normalisers). Rows are reordered: per-row data lives in the
-    MicroBatch (set_rows). sampler_logprobs: the sampler's own (Rollout.logprobs); trained:
-    per row, whether its completion is in the loss (None: every one)."""
+    """Micro-batches of `size` rows of similar length (less padding; any split is exact), the rows
+    reordered (MicroBatch.rows); trained: per row, whether it is in the loss (None: all)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
     batches = []
     for start in range(0, len(order), size):
@@ -71,11 +69,8 @@ def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
         ids, attention_mask, mask, width = pack([prompts[i] for i in rows],
                                                 [completions[i] for i in rows], pad_id)
         batch = MicroBatch(ids.to(device), attention_mask.to(device), mask.to(device), width, rows)
-        batch.loss_mask = batch.mask
-        if trained is not None:  # [b, 1]: the rows whose completion is in the loss
-            kept = torch.tensor([trained[i] for i in rows], device=device)
-            batch.loss_mask = batch.mask & kept[:, None]
-        batch.policy_mask = batch.loss_mask
+        kept = torch.tensor([trained is None or trained[i] for i in rows], device=device)
+        batch.loss_mask = batch.policy_mask = batch.mask & kept[:, None]  # the rows in the loss
         if sampler_logprobs is not None:
             flat = torch.tensor([x for i in rows for x in sampler_logprobs[i]])
             batch.sampler_logp = torch.zeros(mask.shape).masked_scatter(mask, flat).to(device)
@@ -84,8 +79,8 @@ def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Left-pad prompts, append completions -> ids [b, P+N], attention_mask [b, P+N], mask [b, N],
-    P. The mask comes from the lengths, never from token values (Qwen's pad token is its EOS)."""
+    """Left-padded prompts + completions -> ids, attention_mask [b, P+N], mask [b, N], P; masks
+    from the lengths, not the ids (Qwen's pad token is its EOS)."""
     width = max(map(len, prompts))
     n_new = max(map(len, completions))
     ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
@@ -104,7 +99,7 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
 @torch.no_grad()
 def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: float, chunk: int,
                  autocast):
-    """Fill each micro-batch's `field` ("old_logp" or "ref_logp") with its log-probs under model."""
+    """Each micro-batch's `field` ("old_logp", "ref_logp"): its log-probs under model."""
     for batch in batches:
         with autocast:
             setattr(batch, field, completion_logprobs(model, batch, temperature, chunk)[0])
@@ -112,25 +107,18 @@ def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: floa
 
 def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int,
                         entropy: str | None = None):
-    """Log-probs [b, N] fp32 of the completion tokens (0 off the mask) under log_softmax(logits /
-    temperature), and their entropies as `entropy` asks: None, "sum" (over the tokens, 0-d, no
-    grad: the logged mean) or "tokens" ([b, N], with grad where grad is on: an entropy bonus).
-    Only masked positions go through lm_head, `chunk` tokens at a time, each recomputed in backward
-    instead of stored; on CUDA in bf16 a Triton kernel computes each chunk (fused_chunks)."""
+    """fp32 log-probs [b, N] of the completion tokens under log_softmax(logits / temperature),
+    and entropy: None, "sum" (0-d, no grad) or "tokens" ([b, N]); lm_head `chunk` tokens at once."""
     hidden = completion_hidden(model, batch)  # [M, dim]
     targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
     pieces = None
-    if hidden.device.type in kernels.LOGPROB_DEVICES:  # CUDA: no [chunk, V] fp32 logits
+    if hidden.device.type in kernels.LOGPROB_DEVICES:  # no [chunk, V] fp32 logits
         pieces = fused_chunks(model.lm_head, hidden, targets, temperature, chunk, entropy)
-    if pieces is None:  # lm_head and log_softmax, a chunk at a time
-        pieces = []
-        for start in range(0, targets.numel(), chunk):
-            args = (model.lm_head, hidden[start:start + chunk], targets[start:start + chunk],
-                    temperature, entropy)
-            if torch.is_grad_enabled():
-                pieces.append(checkpoint(chunk_logprobs, *args, use_reentrant=False))
-            else:
-                pieces.append(chunk_logprobs(*args))
+    if pieces is None:
+        piece = (partial(checkpoint, chunk_logprobs, use_reentrant=False)
+                 if torch.is_grad_enabled() else chunk_logprobs)
+        pieces = [piece(model.lm_head, hidden[i:i + chunk], targets[i:i + chunk], temperature,
+                        entropy) for i in range(0, targets.numel(), chunk)]
     logps, entropies = [logp for logp, _ in pieces], [ent for _, ent in pieces]
     logp = _scattered(logps, batch.mask, hidden)
     if entropy == "sum":
@@ -139,16 +127,15 @@ def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int
 
 
 def completion_hidden(model, batch: MicroBatch) -> torch.Tensor:
-    """The final normed hidden states [M, dim] that predict the M completion tokens of batch."""
+    """The normed hidden states [M, dim] that predict batch's M completion tokens."""
     hidden = model(batch.ids, attention_mask=batch.attention_mask, return_hidden=True)
     return hidden[:, batch.prompt_width - 1:-1][batch.mask]  # position t scores token t + 1
 
 
 def chunk_logprobs(lm_head, hidden, targets, temperature, entropy):
-    """hidden [M, dim], targets [M] -> (each target's log-prob [M] fp32, each position's entropy [M]
-    (with grad only for entropy="tokens") or None)."""
+    """hidden [M, dim], targets [M] -> (fp32 log-probs [M], entropies [M] or None)."""
     logits = lm_head(hidden).float()  # [M, V]
-    if temperature != 1:  # a division by 1 would copy the logits for nothing
+    if temperature != 1:  # no copy for nothing
         logits = logits / temperature
     log_z = logits.logsumexp(dim=-1)
     chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
@@ -214,12 +201,10 @@ def mark_high_entropy(policy, batches: list[MicroBatch], quantile: float, temper
 
 
 def set_rows(batches: list[MicroBatch], field: str, values: torch.Tensor):
-    """values of the step's rows ("advantages", "returns"): [B] (one per completion) or [B, T] (per
-    token, T >= the longest completion), in the step's row order: each micro-batch takes its rows
-    and, per token, its own N completion columns, as its `field`."""
+    """Each micro-batch's rows of values [B] or [B, T >= N] (per token) as its `field`."""
     for batch in batches:
         rows = values[batch.rows]
-        if values.dim() == 2:  # per token: this micro-batch's N completion columns
+        if values.dim() == 2:  # per token: its N completion columns
             rows = rows[:, :batch.mask.shape[1]]
         setattr(batch, field, rows.to(batch.ids.device))
 
@@ -228,18 +213,15 @@ def set_rows(batches: list[MicroBatch], field: str, values: torch.Tensor):
 
 
 def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
-    """Linear warm-up over the first warmup_steps steps (step counts from 1), then constant."""
+    """Linear warm-up over the first warmup_steps steps (from 1), then constant."""
     return lr * min(1.0, step / max(1, warmup_steps))
 
 
 def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, autocast,
            ddp=None) -> dict[str, float]:
-    """cfg.mu optimizer steps on `loss` (the run's Loss) over the step's micro-batches, each
-    followed by loss.after_step(); returns the stats, each the mean over the mu steps (loss,
-    grad_norm, the loss's measures), GAP_STATS from the first and what the last after_step logs.
-    ddp: the wrapper the loss runs through under torchrun."""
-    stats = {}
-    gap = {}
+    """cfg.mu optimizer steps on `loss` (the run's Loss), each followed by loss.after_step() ->
+    the stats' means over the mu steps (GAP_STATS: the first's); ddp: torchrun's wrapper."""
+    stats, gap = {}, {}
     for epoch_index in range(cfg.mu):
         epoch = policy_gradient(ddp or policy, batches, loss, cfg, autocast,
                                 measure_gap=epoch_index == 0)
@@ -247,7 +229,7 @@ def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, a
         norm = optimizer_step(policy, optimizer, lr, cfg.grad_clip, loss=epoch["loss"])
         epoch["grad_norm"] = whole(norm)
         stats = {key: stats.get(key, 0) + value / cfg.mu for key, value in epoch.items()}
-        kept = loss.after_step()  # the parts that keep state: after each optimizer step
+        kept = loss.after_step()  # the parts that keep state
     stats.update(gap)
     values = torch.stack(list(stats.values())).tolist()  # one host sync for all of them
     return {**dict(zip(stats, values)), **kept}
@@ -255,20 +237,18 @@ def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, a
 
 def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
                     measure_gap: bool = False) -> dict:
-    """Forward and backward of `loss` over every micro-batch with the whole batch's normalisers
-    (every rank's under torchrun): the gradients add up to the whole batch's, the stats (0-d
-    tensors, no host sync) to its means over the completion tokens. measure_gap: also GAP_STATS
-    (sampler_gap)."""
+    """Forward and backward of `loss` over the micro-batches with whole-batch (every rank's)
+    normalisers: the gradients and stats (0-d, no host sync) add up to the batch's."""
     sizes = batch_sizes(batches, cfg.max_new_tokens)
     totals = {}
     gap_max = torch.zeros((), device=sizes.scored.device)
     for i, batch in enumerate(batches):
-        with accumulating(policy, last=i == len(batches) - 1):  # DDP syncs in the last backward
+        with accumulating(policy, last=i == len(batches) - 1):  # DDP syncs in the last
             with autocast:
                 logp, entropy = completion_logprobs(policy, batch, cfg.temperature,
                                                     cfg.logprob_chunk, loss.entropy)
             value, stats = loss(terms_of(batch, logp, entropy), sizes)
-            # DDP and FSDP2 average the ranks' gradients; whole-batch normalisers make it a sum
+            # DDP and FSDP2 average the ranks' gradients; the normalisers want their sum
             (value * world_size()).backward()
         if measure_gap:
             gap, batch_max = sampler_gap(logp, batch, sizes.scored)
@@ -276,10 +256,10 @@ def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
             gap_max = torch.maximum(gap_max, batch_max)
         for key, value in {"loss": value.detach(), **stats}.items():
             totals[key] = totals.get(key, 0) + value
-    sums = summed_over_ranks(torch.stack(list(totals.values())))
+    sums = over_ranks(torch.stack(list(totals.values())))
     totals = dict(zip(totals, sums))
     if measure_gap:
-        totals["logprob_gap_max"] = max_over_ranks(gap_max)
+        totals["logprob_gap_max"] = over_ranks(gap_max, "max")
     return totals
 
 
@@ -289,14 +269,13 @@ def batch_sizes(batches: list[MicroBatch], width: int) -> Sizes:
                           sum(b.loss_mask.sum() for b in batches),
                           sum(b.policy_mask.sum() for b in batches),
                           sum(b.mask.sum() for b in batches)])
-    return Sizes(*summed_over_ranks(counts).clamp(min=1), width)
+    return Sizes(*over_ranks(counts).clamp(min=1), width)
 
 
 @torch.no_grad()
 def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, torch.Tensor]:
-    """How far the trainer's log-probs logp [b, N] of the sampled tokens lie from the sampler's:
-    this micro-batch's share of {"logprob_gap": mean |trainer - sampler|, "sampler_ratio": mean
-    exp(trainer - sampler)} over n_tok tokens, and its max |trainer - sampler| (0-d)."""
+    """The trainer's log-probs logp [b, N] against the sampler's: this micro-batch's share of
+    mean |gap| and mean exp(gap) over n_tok tokens, and its max |gap|."""
     diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
     shares = {"logprob_gap": diff.abs().sum() / n_tok,
               "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok}
@@ -390,9 +369,8 @@ def critic_update(critic, optimizer, batches: list[MicroBatch], cfg, lr: float, 
 
 def optimizer_step(model, optimizer, lr: float, grad_clip: float,
                    loss: torch.Tensor | None = None) -> torch.Tensor:
-    """The update every training step ends with: clip the global grad norm to grad_clip (0 = no
-    clipping), step, zero the grads; returns the norm before clipping. A non-finite norm or loss
-    raises FloatingPointError before the update, the weights kept (not_finite says why)."""
+    """Clip the grad norm to grad_clip (0: off), step, zero the grads -> the norm; a non-finite
+    norm or loss raises FloatingPointError, the weights untouched."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
