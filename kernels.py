@@ -35,9 +35,13 @@ try:
 except ImportError:
     triton = None
 
-# keys per attention block, and the fewest (row, kv head) programs before the key range is split
+# keys per attention block; the key range is split until the (row, kv head, split) programs reach
+# SPLIT_BELOW_PROGRAMS (about 8 a streaming multiprocessor of an H100 or H200: at GRPO's few hundred
+# rows and 2 to 8 kv heads, 2 to 4 splits of a long range), no split shorter than SPLIT_KEYS keys
+# (chosen, not yet timed on a GPU)
 BLOCK_KEYS = 64
-SPLIT_BELOW_PROGRAMS = 256
+SPLIT_BELOW_PROGRAMS = 1024
+SPLIT_KEYS = 256
 # the most pieces a key range is cut in: the combine holds splits x group x head lanes in
 # registers, and at 32 or 64 splits of a group of 8 (Qwen2.5, 64 or 128 lanes) ptxas spilled them
 # (255 registers and 56 to 5,216 bytes of stack a thread, tests/test_kernels.py's compile check)
@@ -224,7 +228,7 @@ def decode_attention(q, k_cache, v_cache, starts, slot, attend: int):
     group = heads // kv_heads
     # a power of two (the combine reads them as one block); an empty split weighs 0
     splits = min(triton.next_power_of_2(triton.cdiv(SPLIT_BELOW_PROGRAMS, rows * kv_heads)),
-                 triton.next_power_of_2(triton.cdiv(attend, BLOCK_KEYS)), MOST_SPLITS)
+                 triton.next_power_of_2(triton.cdiv(attend, SPLIT_KEYS)), MOST_SPLITS)
     per_split = triton.cdiv(triton.cdiv(attend, splits), BLOCK_KEYS) * BLOCK_KEYS
     out = torch.empty(rows, heads * d, dtype=q.dtype, device=q.device)
     partial = torch.empty(rows, kv_heads, splits, group, d + 2, dtype=torch.float32,
@@ -248,9 +252,11 @@ if triton is not None:
                                  PADDED: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
                                  SPLITS: tl.constexpr):
         """Program (row, kv head, split): the online softmax of the kv head's query group over the
-        split's per_split slots, of which the row's keys (starts[row] .. slot) count; masked loads
-        fetch nothing. With one split the output itself, else (acc, max, sum) for
-        _combine_splits_kernel."""
+        row's keys (starts[row] .. slot) in the split's per_split slots, a block of BLOCK keys at a
+        time from the first block holding one of them to the last (no block wholly padding or
+        unwritten is read); the products in the cache's dtype (bf16 operands, fp32 sums), the
+        weights cast to it for the second, as flash attention does. With one split the output
+        itself, else (acc, max, sum) for _combine_splits_kernel (an empty split: -inf, 0)."""
         row = tl.program_id(0).to(tl.int64)
         kv = tl.program_id(1)
         split = tl.program_id(2)
@@ -261,20 +267,23 @@ if triton is not None:
         in_group = g < group
         inside = in_group[:, None] & (cols < D)[None, :]
         query_rows = (row * heads + kv * group + g)[:, None] * D + cols[None, :]
-        # [GROUP, PADDED], 0 past D; the products in fp32 operands (tf32 on the GPU, exact for
-        # bf16 values)
-        queries = tl.load(q + query_rows, mask=inside, other=0.0).to(tl.float32)
+        # [GROUP, PADDED], 0 past D, in the cache's dtype
+        queries = tl.load(q + query_rows, mask=inside, other=0.0).to(k_cache.dtype.element_ty)
         base = (row * kv_heads + kv) * max_len * D
         best = tl.full((GROUP,), float("-inf"), tl.float32)
         total = tl.zeros((GROUP,), tl.float32)
         acc = tl.zeros((GROUP, PADDED), tl.float32)
-        for offset in range(0, per_split, BLOCK):
-            keys = split * per_split + offset + tl.arange(0, BLOCK)
+        # the split's blocks that hold keys of the row: from first's block (splits start at a
+        # multiple of BLOCK) to slot
+        lo = tl.maximum(split * per_split, first // BLOCK * BLOCK)
+        hi = tl.minimum((split + 1) * per_split, last + 1)
+        for block in range(lo, hi, BLOCK):
+            keys = block + tl.arange(0, BLOCK)
             valid = (keys >= first) & (keys <= last)
             offsets = base + keys[:, None].to(tl.int64) * D + cols[None, :]
             fetch = valid[:, None] & (cols < D)[None, :]
-            k = tl.load(k_cache + offsets, mask=fetch, other=0.0).to(tl.float32)
-            v = tl.load(v_cache + offsets, mask=fetch, other=0.0).to(tl.float32)
+            k = tl.load(k_cache + offsets, mask=fetch, other=0.0)
+            v = tl.load(v_cache + offsets, mask=fetch, other=0.0)
             scores = tl.dot(queries, tl.trans(k)) * scale  # [GROUP, BLOCK] fp32
             scores = tl.where(valid[None, :], scores, float("-inf"))
             newest = tl.maximum(best, tl.max(scores, 1))
@@ -282,7 +291,7 @@ if triton is not None:
             weights = tl.exp(scores - shift[:, None])
             rescale = tl.exp(best - shift)
             total = total * rescale + tl.sum(weights, 1)
-            acc = acc * rescale[:, None] + tl.dot(weights, v)  # [GROUP, D]
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)  # [GROUP, D] fp32
             best = newest
         if SPLITS == 1:
             tl.store(out + query_rows, (acc / total[:, None]).to(out.dtype.element_ty),

@@ -296,6 +296,8 @@ class _Decoder:
     def record(self, logits):
         """Sample slot `slot`'s tokens from logits [b, V]: ids, log-probs, a stop ending there."""
         temperature, top_p, top_k, fused = self.sampling
+        if fused and _fused_record(self, logits, temperature, top_p, top_k):  # all in 2 kernels
+            return
         ids, logprobs = sample_next(logits, temperature, top_p, top_k, self.generator, fused)
         column = (self.rows, self.slot.expand_as(self.rows))
         self.tokens.index_put_(column, ids)
@@ -464,6 +466,20 @@ def _fused_or_eager(logits, temperature, generator):
     return sample_next(logits, temperature, 1.0, 0, generator, fused=False)
 
 
+def _fused_record(decoder, logits, temperature, top_p, top_k) -> bool:
+    """decoder.record(logits) by the fused kernels, the bookkeeping in their combine: whether they
+    did it (not where they do not apply, nor when they failed: fall_back)."""
+    if not (isinstance(decoder.generator, torch.Generator)
+            and _fused_possible(logits.device, temperature, top_p, top_k)):
+        return False
+    try:
+        _fused_gumbel_sample(logits, temperature, decoder.generator, decoder=decoder)
+        return True
+    except Exception as error:
+        fall_back(FUSED, "to compile or launch", error)
+        return False
+
+
 def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     """scaled [B, V] -> keep [B, V] bool: the top_k largest (ties kept), then the smallest set
     holding top_p of the remaining mass (top_p < 1 or top_k > 0)."""
@@ -482,16 +498,19 @@ def truncation_mask(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
 
 
 if triton is not None:
-    @triton.jit
-    def _gumbel_kernel(logits, seed, ids, logprobs, vocab, inv_temperature, BLOCK: tl.constexpr):
-        """Program `row`: the Gumbel-max draw from softmax(logits / T) and its log-prob, in one pass
-        over the row's bf16 logits. Each of BLOCK // 4 lanes reads four neighbouring logits and
-        draws their four uniforms in one Philox call (tl.rand4x: counter row * ceil(vocab / 4) +
-        column // 4, the column's remainder picking the output), and keeps a running max and sum of
-        exp (the log-normaliser) and a running best noisy score with its id; the lanes are combined
-        at the end. The first id of the best score wins, as torch's argmax; a NaN logit never does
-        (its log-normaliser, hence its log-prob, is NaN, as the torch path's)."""
+    @triton.jit(do_not_specialize=["vocab", "per_split"])
+    def _gumbel_kernel(logits, seed, partial, partial_ids, vocab, per_split, inv_temperature,
+                       BLOCK: tl.constexpr):
+        """Program (row, split): the Gumbel-max draw from softmax(logits / T) over the split's
+        per_split columns of the row's bf16 logits, and their part of the log-normaliser. Each of
+        BLOCK // 4 lanes reads four neighbouring logits and draws their four uniforms in one Philox
+        call (tl.rand4x: counter row * ceil(vocab / 4) + column // 4, the column's remainder picking
+        the output: the same draws however the vocabulary is split), and keeps a running max and
+        sum of exp and a running best noisy score with its id. The lanes are combined into the
+        split's (max, sum of exp at that max, best score) and the best's id (the first of equals,
+        as torch's argmax), for _gumbel_combine_kernel."""
         row = tl.program_id(0).to(tl.int64)
+        split = tl.program_id(1)
         lanes = tl.arange(0, BLOCK // 4)
         key = tl.load(seed)
         quads = (vocab + 3) // 4
@@ -500,7 +519,7 @@ if triton is not None:
         best = tl.full((BLOCK // 4,), float("-inf"), tl.float32)
         best_id = tl.zeros((BLOCK // 4,), tl.int64)
         row_logits = logits + row * vocab
-        for start in range(0, vocab, BLOCK):
+        for start in range(split * per_split, tl.minimum((split + 1) * per_split, vocab), BLOCK):
             quad = start // 4 + lanes
             u0, u1, u2, u3 = tl.rand4x(key, (row * quads + quad).to(tl.int32))
             top, sumexp, best, best_id = _gumbel_visit(row_logits, quad * 4, u0, vocab,
@@ -512,14 +531,13 @@ if triton is not None:
             top, sumexp, best, best_id = _gumbel_visit(row_logits, quad * 4 + 3, u3, vocab,
                                                        inv_temperature, top, sumexp, best, best_id)
         most = tl.max(top, 0)
-        log_normaliser = most + tl.log(tl.sum(sumexp * tl.exp(top - most), 0))
+        shift = tl.where(most == float("-inf"), 0.0, most)  # an empty split: 0 to add
         winner = tl.max(best, 0)
-        chosen = tl.min(tl.where(best == winner, best_id, vocab), 0)
-        chosen = tl.minimum(tl.maximum(chosen, 0), vocab - 1)  # all -inf or NaN: still a real id
-        x = tl.load(logits + row * vocab + chosen).to(tl.float32) * inv_temperature
-        tl.store(ids + row, chosen)
-        tl.store(logprobs + row, x - log_normaliser)
-
+        at = row * tl.num_programs(1) + split
+        tl.store(partial + at * 3, most)
+        tl.store(partial + at * 3 + 1, tl.sum(sumexp * tl.exp(top - shift), 0))
+        tl.store(partial + at * 3 + 2, winner)
+        tl.store(partial_ids + at, tl.min(tl.where(best == winner, best_id, vocab), 0))
 
     @triton.jit
     def _gumbel_visit(row_logits, column, uniform, vocab, inv_temperature, top, sumexp, best,
@@ -535,18 +553,87 @@ if triton is not None:
         better = noisy > best
         return newest, sumexp, tl.where(better, noisy, best), tl.where(better, column, best_id)
 
+    @triton.jit(do_not_specialize=["vocab", "n_splits", "max_len", "width", "n_stops"])
+    def _gumbel_combine_kernel(logits, partial, partial_ids, ids, logprobs, vocab, n_splits,
+                               inv_temperature, rows, slot, tokens, logprob_slots, stops, recent,
+                               last, stop, max_len, width, n_stops, SPLITS: tl.constexpr,
+                               RECORD: tl.constexpr, WIDTH: tl.constexpr,
+                               STOPS: tl.constexpr):
+        """Program `row`: the splits' parts -> the drawn id (the best score's, the first of equals)
+        and its log-prob, x - log-normaliser; a NaN logit never wins (its log-normaliser, hence
+        its log-prob, is NaN, as the torch path's). RECORD: also _Decoder.record's bookkeeping
+        (ids and logprobs unused): the id and log-prob written at the row's `slot` of tokens and
+        logprob_slots (rows: the decoder's rows), the row's `width` most recent ids shifted in,
+        whether a stop sequence (stop: [n_stops, width], right-aligned, -1 pads) ends there, and
+        the id as the row's last."""
+        row = tl.program_id(0).to(tl.int64)
+        splits = tl.arange(0, SPLITS)
+        inside = splits < n_splits
+        at = row * n_splits + splits
+        top = tl.load(partial + at * 3, mask=inside, other=float("-inf"))
+        sumexp = tl.load(partial + at * 3 + 1, mask=inside, other=0.0)
+        best = tl.load(partial + at * 3 + 2, mask=inside, other=float("-inf"))
+        best_ids = tl.load(partial_ids + at, mask=inside, other=vocab)
+        most = tl.max(top, 0)
+        log_normaliser = most + tl.log(tl.sum(sumexp * tl.exp(top - most), 0))
+        winner = tl.max(best, 0)
+        chosen = tl.min(tl.where(best == winner, best_ids, vocab), 0)
+        chosen = tl.minimum(tl.maximum(chosen, 0), vocab - 1)  # all -inf or NaN: still a real id
+        logprob = tl.load(logits + row * vocab + chosen).to(tl.float32) * inv_temperature
+        logprob = logprob - log_normaliser
+        if RECORD:
+            cell = tl.load(rows + row) * max_len + tl.load(slot)
+            tl.store(tokens + cell, chosen)
+            tl.store(logprob_slots + cell, logprob)
+            column = tl.arange(0, WIDTH)
+            older = tl.load(recent + row * width + column + 1, mask=column + 1 < width, other=0)
+            newest = tl.where(column == width - 1, chosen, older)  # [WIDTH]: oldest first
+            tl.store(recent + row * width + column, newest, mask=column < width)
+            sequence = tl.arange(0, STOPS)
+            real = (sequence < n_stops)[:, None] & (column < width)[None, :]
+            table = tl.load(stop + sequence[:, None] * width + column[None, :], mask=real,
+                            other=-1)  # [STOPS, WIDTH]
+            differs = real & (table >= 0) & (table != newest[None, :])
+            ends = (tl.sum(differs.to(tl.int32), 1) == 0) & (sequence < n_stops)
+            tl.store(stops + cell, tl.max(ends.to(tl.int32), 0) > 0)
+            tl.store(last + row, chosen)
+        else:
+            tl.store(ids + row, chosen)
+            tl.store(logprobs + row, logprob)
 
-def _fused_gumbel_sample(logits, temperature, generator, block=4096):
-    """sample_next's Gumbel-max for CUDA: one kernel, one pass over the bf16 logits, where the
-    torch path makes ~8 over fp32 copies."""
+
+# the logits a sampling program reads per loop step, and per split of the vocabulary (a multiple of
+# it: every split starts on a Philox quad); Qwen's 151,936 logits: 10 splits
+GUMBEL_BLOCK = 4096
+GUMBEL_SPLIT = 4 * GUMBEL_BLOCK
+
+
+def _fused_gumbel_sample(logits, temperature, generator, block=GUMBEL_BLOCK, split=GUMBEL_SPLIT,
+                         decoder=None):
+    """sample_next's Gumbel-max for CUDA: two kernels, one pass over the bf16 logits where the torch
+    path makes ~8 over fp32 copies, the vocabulary cut in splits of `split` columns (a program each)
+    combined per row. decoder: its record()'s bookkeeping done by the combine (returns None)."""
     logits = logits.contiguous()
     rows, vocab = logits.shape
-    ids = torch.empty(rows, dtype=torch.long, device=logits.device)
-    logprobs = torch.empty(rows, device=logits.device)
-    seed = torch.randint(2**31 - 1, (1,), device=logits.device, generator=generator)
-    _gumbel_kernel[(rows,)](logits, seed, ids, logprobs, vocab, 1.0 / temperature, BLOCK=block,
-                            num_warps=8)
-    return ids, logprobs
+    splits = triton.cdiv(vocab, split)
+    device = logits.device
+    partial = torch.empty(rows, splits, 3, device=device)  # per split: max, sum of exp, best score
+    partial_ids = torch.empty(rows, splits, dtype=torch.long, device=device)
+    seed = torch.randint(2**31 - 1, (1,), device=device, generator=generator)
+    _gumbel_kernel[(rows, splits)](logits, seed, partial, partial_ids, vocab, split,
+                                   1.0 / temperature, BLOCK=block, num_warps=8)
+    ids = torch.empty(rows, dtype=torch.long, device=device)
+    logprobs = torch.empty(rows, device=device)
+    d = decoder
+    books = (d.rows, d.slot, d.tokens, d.logprobs, d.stops, d.recent, d.last, d.stop) if d else (
+        (ids,) * 8)  # unused without a decoder
+    max_len, width, n_stops = (d.tokens.shape[1], d.stop.shape[1], d.stop.shape[0]) if d else (
+        1, 1, 0)
+    _gumbel_combine_kernel[(rows,)](
+        logits, partial, partial_ids, ids, logprobs, vocab, splits, 1.0 / temperature, *books,
+        max_len, width, n_stops, SPLITS=triton.next_power_of_2(splits), RECORD=d is not None,
+        WIDTH=triton.next_power_of_2(width), STOPS=max(1, triton.next_power_of_2(n_stops)))
+    return None if d is not None else (ids, logprobs)
 
 
 def _fast_paths_used(model, cuda_graphs, fused_sampling, fused_decode, temperature, top_p,

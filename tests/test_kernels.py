@@ -17,6 +17,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -77,7 +78,8 @@ def run_interpreted(check: str):
 
 @NEEDS_TRITON
 @pytest.mark.parametrize("check", ["check_add_rms_norm", "check_silu_mul", "check_rope_and_cache",
-                                   "check_decode_attention", "check_gumbel_sampling", "check_decode_step",
+                                   "check_decode_attention", "check_gumbel_sampling", "check_fused_record",
+                                   "check_decode_step",
                                    "check_fused_generate", "check_fused_logprobs"])
 def test_each_kernel_computes_what_its_torch_code_computes(check):
     run_interpreted(check)
@@ -154,7 +156,9 @@ def check_decode_attention():
         exact = F.scaled_dot_product_attention(q.view(b, kv, heads // kv, d).float(), k.float(), v.float(),
                                                attn_mask=mask).reshape(b, heads * d)
         for programs, attend in ((1, 152), (10_000, 152), (10_000, 256)):
-            kernels.SPLIT_BELOW_PROGRAMS = programs  # 1: one piece; 10,000: 2 or 4 splits of the 152 or 256 slots
+            # 1: one piece; 10,000 with splits of at least a block: 4 splits of 64 slots, of the 152 (the last empty)
+            # or the 256
+            kernels.SPLIT_BELOW_PROGRAMS, kernels.SPLIT_KEYS = programs, kernels.BLOCK_KEYS
             out = kernels.decode_attention(q, k, v, starts, slot, attend)
             assert (out.float() - exact).abs().max() <= 2 ** -8 * exact.abs().max(), (heads, d, programs, attend)
 
@@ -188,10 +192,43 @@ def check_gumbel_sampling():
     uniforms[(rows, triton.cdiv(quads, 64))](seed, u, quads, BLOCK=64)
     x = logits.float() * (1 / temperature)
     noisy = x - (-u[:, :vocab].log()).log()
-    ids, logprobs = sample._fused_gumbel_sample(logits, temperature, torch.Generator().manual_seed(7), block=256)
-    assert torch.equal(ids[:3], noisy[:3].argmax(-1))
-    torch.testing.assert_close(logprobs[:3], x[:3].log_softmax(-1).gather(-1, ids[:3, None])[:, 0], atol=1e-5, rtol=0)
-    assert 0 <= ids[3] < vocab and logprobs[3].isnan()
+    for split in (256, sample.GUMBEL_SPLIT):  # 4 splits (the last 233 columns), or the whole row in one
+        ids, logprobs = sample._fused_gumbel_sample(logits, temperature, torch.Generator().manual_seed(7), block=256,
+                                                    split=split)
+        assert torch.equal(ids[:3], noisy[:3].argmax(-1)), split
+        torch.testing.assert_close(logprobs[:3], x[:3].log_softmax(-1).gather(-1, ids[:3, None])[:, 0], atol=1e-5,
+                                   rtol=0)
+        assert 0 <= ids[3] < vocab and logprobs[3].isnan()
+
+
+def check_fused_record():
+    """Issue 63 item 3: _Decoder.record's bookkeeping folded into the fused sampling's combine, against record's torch
+    code given the ids the kernels drew: each id and log-prob at the row's slot (rows compacted: the decoder's rows
+    4, 1, 3 of 5), the recent ids shifted, a stop sequence ending there (one of one id, one of three right-aligned
+    with -1 padding, and none with no stop table), the row's last id; nothing else written."""
+    torch.manual_seed(0)
+    vocab = 300
+    for stop in (torch.tensor([[-1, -1, 5], [3, 9, 7]]), torch.full((0, 1), -1)):
+        decoder = SimpleNamespace(
+            rows=torch.tensor([4, 1, 3]), slot=torch.tensor(6), tokens=torch.zeros(5, 12, dtype=torch.long),
+            logprobs=torch.zeros(5, 12), stops=torch.zeros(5, 12, dtype=torch.bool), stop=stop,
+            recent=torch.tensor([[1, 3, 9], [4, 4, 4], [-1, 3, 9]])[:, -stop.shape[1]:].clone(),
+            last=torch.zeros(3, dtype=torch.long), generator=torch.Generator().manual_seed(1))
+        logits = torch.randn(3, vocab).bfloat16()
+        logits[:, 7] = 30  # id 7 all but certain: the last of the longer stop
+        before = {name: getattr(decoder, name).clone() for name in ("tokens", "logprobs", "stops", "recent")}
+        sample._fused_gumbel_sample(logits, 1.0, decoder.generator, split=128, decoder=decoder)
+        ids = decoder.last
+        assert ids.tolist() == [7, 7, 7]
+        expected_logp = logits.float().log_softmax(-1).gather(-1, ids[:, None])[:, 0]
+        recent = torch.cat([before["recent"][:, 1:], ids[:, None]], dim=1)
+        ends = ((recent[:, None] == stop) | (stop < 0)).all(-1).any(-1)
+        assert torch.equal(decoder.recent, recent)
+        for name, value in (("tokens", ids), ("logprobs", expected_logp), ("stops", ends)):
+            want = before[name].clone()
+            want[decoder.rows, 6] = value.to(want.dtype)
+            torch.testing.assert_close(getattr(decoder, name), want, atol=1e-5, rtol=0)
+        assert ends.tolist() == ([True, False, True] if len(stop) else [False] * 3)
 
 
 def fused_tiny_model(**overrides):
@@ -242,6 +279,20 @@ def check_fused_generate():
     completions = [out.tokens[i, :n].tolist() for i, n in enumerate(lengths)]
     for row, expected in enumerate(full_forward_logprobs(model, PROMPTS, completions, 1.0)):
         assert (out.logprobs[row, :lengths[row]] - expected).abs().max() < 0.1, row
+
+    # the fused sampling too, its combine doing record's bookkeeping: the same log-probs, each row ending at its
+    # first stop (one id, or two)
+    out = sample.generate(model, PROMPTS, 24, temperature=1.0, seed=3, stop_ids=[5], stop_sequences=[[9, 4]],
+                          cuda_graphs=False)
+    assert out.fast_paths == {"fused_sampling": True, "fused_decode": True} and not sample.FALLEN_BACK
+    assert out.stopped.any() and not out.stopped.all()
+    lengths = out.lengths.tolist()
+    completions = [out.tokens[i, :n].tolist() for i, n in enumerate(lengths)]
+    for row, expected in enumerate(full_forward_logprobs(model, PROMPTS, completions, 1.0)):
+        assert (out.logprobs[row, :lengths[row]] - expected).abs().max() < 0.1, row
+    for tokens, stopped in zip(completions, out.stopped.tolist()):
+        ends = [n for n in range(1, len(tokens) + 1) if tokens[n - 1] == 5 or tokens[max(0, n - 2):n] == [9, 4]]
+        assert ends[:1] == ([len(tokens)] if stopped else []) and (stopped or len(tokens) == 24), tokens
 
     launches = []
     for name in ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_decode_attention_kernel",
@@ -446,11 +497,13 @@ def recorded_launches(architecture) -> list:
     names = ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel", "_decode_attention_kernel",
              "_combine_splits_kernel")
     real = {name: getattr(kernels, name) for name in names}
-    real_gumbel = sample._gumbel_kernel
+    sampling = ("_gumbel_kernel", "_gumbel_combine_kernel")
+    real_sampling = {name: getattr(sample, name) for name in sampling}
     try:
         for name in names:
             setattr(kernels, name, Launches(real[name], calls))
-        sample._gumbel_kernel = Launches(real_gumbel, calls)
+        for name in sampling:
+            setattr(sample, name, Launches(real_sampling[name], calls))
         x, norm = torch.zeros(2, dim, dtype=bf16), RMSNorm(dim, 1e-6).bfloat16()
         kernels.add_rms_norm(x, None, norm)
         kernels.add_rms_norm(x, x, norm)
@@ -463,11 +516,20 @@ def recorded_launches(architecture) -> list:
             q = kernels.rope_and_cache(qkv, cos, cos, cache[:rows], cache[:rows], slot, config)
             kernels.decode_attention(q, cache[:rows], cache[:rows], torch.zeros(rows, dtype=torch.long), slot,
                                      LONGEST_ATTENDED)
-        sample._fused_gumbel_sample(torch.zeros(2, vocab, dtype=bf16), 1.0, torch.Generator().manual_seed(0))
+        logits, generator = torch.zeros(256, vocab, dtype=bf16), torch.Generator().manual_seed(0)
+        sample._fused_gumbel_sample(logits, 1.0, generator)
+        for stop in (torch.zeros(2, 5, dtype=torch.long), torch.zeros(0, 1, dtype=torch.long)):  # the bookkeeping
+            decoder = SimpleNamespace(rows=torch.zeros(256, dtype=torch.long), slot=slot,
+                                      tokens=torch.zeros(256, 1000, dtype=torch.long), logprobs=torch.zeros(256, 1000),
+                                      stops=torch.zeros(256, 1000, dtype=torch.bool),
+                                      recent=torch.zeros(1, stop.shape[1], dtype=torch.long).expand(256, -1),
+                                      last=torch.zeros(256, dtype=torch.long), stop=stop)
+            sample._fused_gumbel_sample(logits, 1.0, generator, decoder=decoder)
     finally:
         for name in names:
             setattr(kernels, name, real[name])
-        sample._gumbel_kernel = real_gumbel
+        for name in sampling:
+            setattr(sample, name, real_sampling[name])
     return calls
 
 
@@ -553,7 +615,8 @@ def test_every_kernel_compiles_to_a_cubin_at_every_architecture(triton_cache, ta
             kernels_seen.add(kernel.fn.__name__)
             failures += compiled_or_failure(kernel, args, kwargs, arch, name)[1]
     assert kernels_seen == {"_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel",
-                            "_decode_attention_kernel", "_combine_splits_kernel", "_gumbel_kernel"}
+                            "_decode_attention_kernel", "_combine_splits_kernel", "_gumbel_kernel",
+                            "_gumbel_combine_kernel"}
     assert not failures, "\n".join(failures)
 
 
@@ -581,11 +644,12 @@ def test_a_decode_step_compiles_once_whatever_the_cache_length():
         finally:
             for name in names:
                 setattr(kernels, name, real[name])
-        assert [kwargs.get("SPLITS", 1) for _, _, kwargs in calls] == [1, 1]  # 512 (row, kv head) programs
+        # 512 (row, kv head) programs, a range of at most SPLIT_KEYS slots: one piece
+        assert [kwargs.get("SPLITS", 1) for _, _, kwargs in calls] == [1, 1]
         return [specialisation(kernel, args, kwargs, 90)[0] for kernel, args, kwargs in calls]
 
     marked = lambda kernel: kernel  # noqa: E731
-    assert keys(marked, 200, 128) == keys(marked, 208, 200) == keys(marked, 1000, 1000)
+    assert keys(marked, 200, 128) == keys(marked, 208, 200) == keys(marked, 1000, 256)
     unmarked = lambda kernel: triton.jit(kernel.fn)  # noqa: E731
     assert all(a != b for a, b in zip(keys(unmarked, 200, 128), keys(unmarked, 208, 200)))
 

@@ -460,7 +460,7 @@ def test_a_failing_fused_sampling_kernel_falls_back_to_the_torch_ops_with_one_wa
     plain = generate(model, PROMPTS, 12, temperature=1.0, seed=5, fused_sampling=False)
     launches = []
 
-    def failing_kernel(logits, temperature, generator):
+    def failing_kernel(logits, temperature, generator, decoder=None):  # the draw alone, or record()
         launches.append(1)
         raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
     monkeypatch.setattr(sample, "FAST_PATH_DEVICES", ("cuda", "cpu"))  # the CPU made a fast-path device
