@@ -260,8 +260,7 @@ def _last_sentence_answer(text, think):
 def extract_answer(text: str, forms: tuple[str, ...] = DEFAULT_FORMS,
                    template: Template = R1_ZERO) -> str | None:
     """The final answer string in a completion, or None. forms: the notations that count (of
-    DEFAULT_FORMS: <answer>...</answer>, \\boxed{...}, "#### N", "the answer is N", and, with
-    no other marker, the last sentence after </think> from its first digit; module docstring)."""
+    DEFAULT_FORMS; how each reads: the module docstring)."""
     if not set(forms) <= set(DEFAULT_FORMS):
         raise ValueError(f"unknown answer form(s) {sorted(set(forms) - set(DEFAULT_FORMS))}; known "
                          f"forms are {DEFAULT_FORMS}")
@@ -462,7 +461,7 @@ ANSWER_CHECKERS = MappingProxyType({"gsm8k": AnswerChecker(DEFAULT_FORMS, is_equ
 
 
 def answer_checker_of(name: str) -> AnswerChecker:
-    """The AnswerChecker that ANSWER_CHECKERS names; a ValueError for another name."""
+    """ANSWER_CHECKERS[name], or a ValueError naming the known ones."""
     if name not in ANSWER_CHECKERS:
         raise ValueError(f"unknown answer_checker {name!r}; known checkers are "
                          f"{sorted(ANSWER_CHECKERS)}")

@@ -162,7 +162,7 @@ def from_every_rank(obj) -> list:
 
 
 def accumulating(policy, last: bool):
-    """A micro-batch's backward: DDP all-reduces the gradients in the last one only (no_sync)."""
+    """DDP all-reduces the gradients in the last micro-batch's backward only."""
     return (policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last
             else contextlib.nullcontext())
 

@@ -142,9 +142,9 @@ def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
 
 
 def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6):
-    """rewards [B] -> advantages [B] fp32, a group: group_size consecutive rows. baseline: "mean"
-    (GRPO), "rloo" (the others' mean), "none" (REINFORCE). scale: "std" (the group's + eps), "batch"
-    (PPO-Lite, arXiv:2508.08221), "none" (Dr. GRPO, arXiv:2503.20783). Equal rewards: 0."""
+    """rewards [B] -> advantages [B] fp32, groups of group_size rows. baseline: "mean" (GRPO),
+    "rloo" (the others' mean), "none" (REINFORCE); scale: "std" (the group's), "batch" (PPO-Lite,
+    arXiv:2508.08221), "none" (Dr. GRPO, arXiv:2503.20783). Equal rewards: 0."""
     grouped = _grouped(rewards, group_size)  # [n_groups, G]
     if (baseline, scale) == ("none", "none"):  # REINFORCE: the raw rewards
         return grouped.flatten()
@@ -162,13 +162,13 @@ def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6
 
 
 def _grouped(rewards, group_size):
-    """rewards [B] -> [B // group_size, group_size] float32 (a ragged batch raises)."""
+    """rewards [B] -> [B // group_size, group_size] fp32."""
     return rewards.float().view(-1, group_size)
 
 
 def advantage_stats(advantages: torch.Tensor, lengths: list[int]) -> dict:
-    """The advantages' mean |A|, std and share of zeros (equal rewards: no signal), [B], or [B, T]
-    over each completion's `lengths` tokens; this rank's."""
+    """The advantages' mean |A|, std and share of zeros (no signal), [B], or [B, T] over each
+    completion's `lengths` tokens."""
     if advantages.dim() == 2:
         advantages = advantages[torch.arange(advantages.shape[1]) < torch.tensor(lengths)[:, None]]
     return {"adv_abs_mean": advantages.abs().mean().item(),

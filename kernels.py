@@ -20,12 +20,19 @@ decode_step is model.Transformer.forward for one token per row, with
   (decode_attention: no additive mask, grouped heads read their kv head once);
 - the residual add and the next RMSNorm in one kernel (add_rms_norm), SiLU·mul in one (silu_mul).
 Per layer: 4 matrix products and 5 or 6 kernels, where the torch forward runs about 24 ops. The
-sampling that follows is sample.py's fused Gumbel kernel. Qwen3's q/k norms stay torch ops.
+sampling that follows is sample.py's fused Gumbel kernels. Qwen3's q/k norms stay torch ops.
 
 The update's log-probs on CUDA in bf16 (update.completion_logprobs; update.chunk_logprobs the
 reference, the CPU path and the fallback) are fused_logprobs: lm_head, log_softmax(. / T), the
 target's gather and the entropy in one pass over the vocabulary, forward and backward.
+
+The training forward (model.py, with grad, in half precision on CUDA: fused_training) runs RoPE,
+SiLU·mul and Block's mid-block add + RMSNorm as autograd Functions (Rope, SiluMul, AddRMSNorm), one
+kernel each way, rounding as the torch ops do; a probe on first use keeps the torch ops where they
+fail.
 """
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -109,17 +116,18 @@ def add_rms_norm(x, y, norm):
     them in x's dtype (the sum; then r / rms(r) times the weight, in fp32, rounded once)."""
     rows, dim = x.shape
     residual, normed = torch.empty_like(x), torch.empty_like(x)
-    _add_rms_norm_kernel[(rows,)](x, x if y is None else y, norm.weight, residual, normed, dim,
-                                  norm.eps, HAS_Y=y is not None,
+    _add_rms_norm_kernel[(rows,)](x, x if y is None else y, norm.weight, residual, normed, x, dim,
+                                  norm.eps, HAS_Y=y is not None, SAVE=False,
                                   BLOCK=triton.next_power_of_2(dim))
     return residual, normed
 
 
 if triton is not None:
     @triton.jit
-    def _add_rms_norm_kernel(x, y, weight, residual, normed, dim, eps, HAS_Y: tl.constexpr,
-                             BLOCK: tl.constexpr):
-        """Program `row`: residual = x + y rounded, normed = round(r / rms(r) * w) in fp32."""
+    def _add_rms_norm_kernel(x, y, weight, residual, normed, rstd, dim, eps, HAS_Y: tl.constexpr,
+                             SAVE: tl.constexpr, BLOCK: tl.constexpr):
+        """Program `row`: residual = x + y rounded, normed = round(r / rms(r) * w) in fp32; SAVE:
+        1 / rms(r) into rstd (AddRMSNorm's backward reads it)."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         inside = cols < dim
@@ -130,6 +138,8 @@ if triton is not None:
         tl.store(residual + row * dim + cols, r, mask=inside)
         value = r.to(tl.float32)
         scale = tl.rsqrt(tl.sum(value * value, 0) / dim + eps)
+        if SAVE:
+            tl.store(rstd + row, scale)
         w = tl.load(weight + cols, mask=inside, other=0.0).to(tl.float32)
         tl.store(normed + row * dim + cols, (value * scale * w).to(r.dtype), mask=inside)
 
@@ -532,3 +542,231 @@ if triton is not None:
         d = d / temperature
         tl.store(out + row_at[:, None] * vocab + cols[None, :], d.to(out.dtype.element_ty),
                  mask=in_rows[:, None] & in_vocab[None, :])
+
+# -----------------------------------------------------------------------------
+# the training forward's RoPE, SiLU·mul and mid-block add + RMSNorm, forward and backward: autograd
+# Functions that model.py's forward calls on CUDA in half precision with grad on (fused_training),
+# each rounding as the torch ops it replaces round, forward and backward, and saving less
+
+TRAINING_DEVICES = ("cuda",)  # tests add "cpu" for Triton's interpreter
+TRAINING_PROBED = {}  # (device, dtype) -> whether the Functions passed their probe in this process
+ELEMENTWISE_BLOCK = 1024  # lanes a SiLU·mul program takes
+NORM_ROWS = 16  # rows an add + RMSNorm backward program takes (it sums their weight gradient)
+
+
+def fused_training(x) -> bool:
+    """Whether model.py runs Rope, SiluMul and AddRMSNorm on x (training on CUDA; _probe)."""
+    if (triton is None or x.device.type not in TRAINING_DEVICES or not torch.is_grad_enabled()
+            or x.dtype not in (torch.bfloat16, torch.float16)):
+        return False
+    if (x.device, x.dtype) not in TRAINING_PROBED:
+        TRAINING_PROBED[x.device, x.dtype] = _probe(x.device, x.dtype)
+    return TRAINING_PROBED[x.device, x.dtype]
+
+
+def _probe(device, dtype) -> bool:
+    """Each Function against the torch ops it replaces, values and gradients within 2 roundings of
+    dtype, on a small batch; False (said in one line) if one fails or differs."""
+    torch_rope = lambda x, c, s: x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * s  # noqa: E731
+    cases = [(Rope.apply, torch_rope, [(2, 3, 5, 8), (2, 1, 5, 8), (2, 1, 5, 8)], [0]),
+             (SiluMul.apply, lambda g, u: F.silu(g) * u, [(3, 40), (3, 40)], [0, 1]),
+             (lambda x, y, w: AddRMSNorm.apply(x, y, w, 1e-6),
+              lambda x, y, w: (x + y, F.rms_norm(x + y, (24,), w, 1e-6)), [(5, 24), (5, 24), (24,)],
+              [0, 1, 2])]
+    try:
+        for fused, reference, shapes, grads in cases:
+            for function in (fused, reference):
+                inputs = [torch.randn(shape, device=device, generator=torch.Generator(device)
+                                      .manual_seed(i)).to(dtype).requires_grad_(i in grads)
+                          for i, shape in enumerate(shapes)]
+                outputs = function(*inputs)
+                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                sum(o.float().sum() for o in outputs).backward()
+                got = [o.float() for o in outputs] + [inputs[i].grad.float() for i in grads]
+                if function is fused:
+                    ours = got
+            for a, b in zip(ours, got):
+                if not torch.allclose(a, b, rtol=2 * torch.finfo(dtype).eps, atol=1e-3):
+                    raise ValueError(f"a fused Function differs from torch by "
+                                     f"{(a - b).abs().max().item():.3g}")
+    except Exception as error:
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        print(f"kernels.py: the fused training kernels failed their probe ({type(error).__name__}: "
+              f"{reason}); going on with the torch ops (RoPE, SiLU·mul, add + RMSNorm), the same "
+              "values, more memory and time", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+class Rope(torch.autograd.Function):
+    """model.apply_rope's x cos + rotate(x) sin, x [B, H, T, D] (any strides, the last 1), cos /
+    sin [B, 1, T, D] (no grad), each product and the sum rounded to x's dtype; the backward's
+    g cos + rotate^T(g sin) rounded as autograd rounds it. Saves only cos and sin."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rope(x, cos, sin, transposed=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rope(grad, cos, sin, transposed=True), None, None
+
+
+def _rope(x, cos, sin, transposed: bool):
+    """The rotation of x (transposed: its transpose, the backward's) into a tensor like x."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    B, H, T, D = x.shape
+    out = torch.empty_like(x)
+    _rope_kernel[(B * T, H)](x, cos, sin, out, T, *x.stride()[:3], *out.stride()[:3],
+                             cos.stride(0), cos.stride(2), D=D, PADDED=padded(D),
+                             TRANSPOSED=transposed)
+    return out
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["T"])
+    def _rope_kernel(x, cos, sin, out, T, sxb, sxh, sxt, sob, soh, sot, scb, sct, D: tl.constexpr,
+                     PADDED: tl.constexpr, TRANSPOSED: tl.constexpr):
+        """Program (b * T + t, h): one head's D lanes. Forward: x c + cat(-x2, x1) s; transposed
+        (the backward, x the gradient): x c + cat(u2, -u1), u = x s; each product rounded, then
+        the sum."""
+        bt = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        b, t = bt // T, bt % T
+        cols = tl.arange(0, PADDED)
+        inside = cols < D
+        half = D // 2
+        partner = (cols + half) % D
+        at = x + b * sxb + h * sxh + t * sxt
+        value = tl.load(at + cols, mask=inside, other=0.0)
+        other = tl.load(at + partner, mask=inside, other=0.0).to(tl.float32)
+        trig = b * scb + t * sct
+        c = tl.load(cos + trig + cols, mask=inside, other=0.0).to(tl.float32)
+        if TRANSPOSED:  # u at the partner lane, then cat(u2, -u1)
+            s = tl.load(sin + trig + partner, mask=inside, other=0.0).to(tl.float32)
+            second = (other * s).to(value.dtype).to(tl.float32)
+            second = tl.where(cols < half, second, -second)
+        else:
+            s = tl.load(sin + trig + cols, mask=inside, other=0.0).to(tl.float32)
+            second = (tl.where(cols < half, -other, other) * s).to(value.dtype).to(tl.float32)
+        first = (value.to(tl.float32) * c).to(value.dtype).to(tl.float32)
+        tl.store(out + b * sob + h * soh + t * sot + cols, (first + second).to(value.dtype),
+                 mask=inside)
+
+
+class SiluMul(torch.autograd.Function):
+    """MLP's silu(gate) * up, gate and up [..., F] in one dtype: silu in fp32 rounded, then the
+    product rounded; the backward rounds as autograd does (up's gradient g silu(gate); gate's
+    (g up) rounded, times silu's derivative in fp32, rounded). Saves gate and up, not silu(gate)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        gate, up = gate.contiguous(), up.contiguous()
+        ctx.save_for_backward(gate, up)
+        out = torch.empty_like(gate)
+        _silu_mul_train_kernel[_elementwise_grid(gate)](gate, up, out, out, out, gate.numel(),
+                                                          BLOCK=ELEMENTWISE_BLOCK, BACKWARD=False)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        grad_gate, grad_up = torch.empty_like(gate), torch.empty_like(up)
+        _silu_mul_train_kernel[_elementwise_grid(gate)](gate, up, grad.contiguous(), grad_gate,
+                                                          grad_up, gate.numel(),
+                                                          BLOCK=ELEMENTWISE_BLOCK, BACKWARD=True)
+        return grad_gate, grad_up
+
+
+def _elementwise_grid(x):
+    return (triton.cdiv(x.numel(), ELEMENTWISE_BLOCK),)
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["n"])
+    def _silu_mul_train_kernel(gate, up, grad, out_a, out_b, n, BLOCK: tl.constexpr,
+                               BACKWARD: tl.constexpr):
+        """BLOCK elements: forward, out_a = silu(gate) * up; backward, out_a = gate's gradient and
+        out_b = up's, from grad."""
+        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = at < n
+        g = tl.load(gate + at, mask=inside, other=0.0)
+        u = tl.load(up + at, mask=inside, other=0.0)
+        x = g.to(tl.float32)
+        sigmoid = 1.0 / (1.0 + tl.exp(-x))
+        silu = (x / (1.0 + tl.exp(-x))).to(g.dtype)
+        if BACKWARD:
+            dy = tl.load(grad + at, mask=inside, other=0.0)
+            tl.store(out_b + at, (dy.to(tl.float32) * silu.to(tl.float32)).to(g.dtype),
+                     mask=inside)
+            d_silu = (dy.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+            d_gate = d_silu * sigmoid * (1.0 + x * (1.0 - sigmoid))
+            tl.store(out_a + at, d_gate.to(g.dtype), mask=inside)
+        else:
+            tl.store(out_a + at, (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype),
+                     mask=inside)
+
+
+class AddRMSNorm(torch.autograd.Function):
+    """Block.forward's residual add and the RMSNorm after it, x and y [..., dim], weight [dim] in
+    x's dtype: (h = x + y, h / rms(h) * weight), rounded as torch rounds them (add_rms_norm). The
+    backward: h's gradient, its own plus the norm's (in fp32, rounded), rounded, for x and y; the
+    weight's summed over rows in fp32. Saves h and 1 / rms(h) a row."""
+
+    @staticmethod
+    def forward(ctx, x, y, weight, eps):
+        shape = x.shape
+        x, y = x.reshape(-1, shape[-1]).contiguous(), y.reshape(-1, shape[-1]).contiguous()
+        rows, dim = x.shape
+        residual, normed = torch.empty_like(x), torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        _add_rms_norm_kernel[(rows,)](x, y, weight, residual, normed, rstd, dim, eps, HAS_Y=True,
+                                      SAVE=True, BLOCK=triton.next_power_of_2(dim))
+        ctx.save_for_backward(residual, weight, rstd)
+        return residual.view(shape), normed.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad_residual, grad_normed):
+        residual, weight, rstd = ctx.saved_tensors
+        rows, dim = residual.shape
+        if grad_residual is None:
+            grad_residual = torch.zeros_like(residual)
+        grad = torch.empty_like(residual)
+        programs = triton.cdiv(rows, NORM_ROWS)
+        grad_weight = torch.empty(programs, dim, device=residual.device, dtype=torch.float32)
+        _add_rms_norm_backward_kernel[(programs,)](
+            residual, weight, rstd, grad_residual.reshape(rows, dim).contiguous(),
+            grad_normed.reshape(rows, dim).contiguous(), grad, grad_weight, rows, dim,
+            ROWS=NORM_ROWS, BLOCK=triton.next_power_of_2(dim),
+            num_warps=max(4, min(16, triton.next_power_of_2(dim) // 512)))  # 4096 lanes: 8
+        grad = grad.view(grad_normed.shape)
+        return grad, grad, grad_weight.sum(0).to(weight.dtype), None
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["rows"])
+    def _add_rms_norm_backward_kernel(residual, weight, rstd, grad_residual, grad_normed, grad,
+                                      grad_weight, rows, dim, ROWS: tl.constexpr,
+                                      BLOCK: tl.constexpr):
+        """Program: ROWS rows. Each row's h gradient, gh + round(r (w g) - h r^3 mean(w g h)),
+        rounded; the program's share of the weight's gradient, sum of g h r, in fp32."""
+        cols = tl.arange(0, BLOCK)
+        inside = cols < dim
+        w = tl.load(weight + cols, mask=inside, other=0.0).to(tl.float32)
+        d_weight = tl.zeros((BLOCK,), tl.float32)
+        for i in range(ROWS):
+            row = tl.program_id(0).to(tl.int64) * ROWS + i
+            here = inside & (row < rows)
+            h = tl.load(residual + row * dim + cols, mask=here, other=0.0)
+            value = h.to(tl.float32)
+            r = tl.load(rstd + row, mask=row < rows, other=0.0)
+            g = tl.load(grad_normed + row * dim + cols, mask=here, other=0.0).to(tl.float32)
+            wg = w * g
+            d_norm = r * wg - value * (r * r * r) * (tl.sum(wg * value, 0) / dim)
+            d_norm = d_norm.to(h.dtype).to(tl.float32)
+            gh = tl.load(grad_residual + row * dim + cols, mask=here, other=0.0).to(tl.float32)
+            tl.store(grad + row * dim + cols, (gh + d_norm).to(h.dtype), mask=here)
+            d_weight += g * value * r
+        tl.store(grad_weight + tl.program_id(0).to(tl.int64) * dim + cols, d_weight, mask=inside)

@@ -54,6 +54,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+import kernels
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 HF_NAMES = {"embed_tokens": "embed", "self_attn": "attn", "input_layernorm": "attn_norm",
             # Hugging Face parameter-name parts -> this file's
@@ -189,13 +191,15 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, H, T, D]; cos/sin [B, 1, T, D]: each head's two halves rotated (HF's layout)."""
+    if kernels.fused_training(x):  # one kernel each way
+        return kernels.Rope.apply(x, cos, sin)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def additive_mask(real: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
-    """real [B, S] key slots, the queries' slots [T] -> SDPA's additive [B, 1, T, S]: 0 where a
-    query sees a key (a real one up to its own; always itself: no row softmaxes over nothing)."""
+    """real [B, S] key slots, queries' slots [T] -> SDPA's additive [B, 1, T, S]: 0 where a query
+    sees a key (a real one up to its own; always itself)."""
     key_slots = torch.arange(real.shape[1], device=real.device)
     causal = key_slots[None, :] <= slots[:, None]  # [T, S]
     seen = (causal & real.bool()[:, None]) | (key_slots[None, :] == slots[:, None])  # [B, T, S]
@@ -280,17 +284,15 @@ class Attention(nn.Module):
 
 
 def attention_kv(k, v, group: int, masked: bool, device_type: str):
-    """SDPA's keys and values for T > 1, and whether it broadcasts the kv heads (GQA) itself: on
-    CUDA only flash attention can (no mask, half precision); else kv heads are repeated (the math
-    backend's fp32 scores: 37 GB at configs/math.py's longest prefill)."""
+    """SDPA's keys and values for T > 1, and whether it broadcasts kv heads (GQA): on CUDA only
+    flash attention can (no mask, half precision); else they are repeated (math backend: 37 GB)."""
     if group > 1 and device_type == "cuda" and (masked or k.dtype not in HALF):
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
     return k, v, group > 1
 
 
 def rolls_rows(x: torch.Tensor) -> bool:
-    """Whether a padded forward rolls its rows past their padding for unmasked flash attention:
-    on CUDA in half precision."""
+    """Whether a padded forward rolls its rows for unmasked flash attention (CUDA, half)."""
     return x.is_cuda and x.dtype in HALF
 
 
@@ -302,7 +304,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.ffn_dim, config.dim, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        fused = kernels.fused_training(gate)  # one kernel each way
+        return self.down_proj(kernels.SiluMul.apply(gate, up) if fused else F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -314,7 +318,12 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, mask, cache=None, slots=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, slots)
+        y = self.attn(self.attn_norm(x), cos, sin, mask, cache, slots)
+        if kernels.fused_training(x):  # the add and the norm in one kernel
+            norm = self.mlp_norm
+            x, normed = kernels.AddRMSNorm.apply(x, y, norm.weight.to(x.dtype), norm.eps)
+            return x + self.mlp(normed)
+        x = x + y
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -555,15 +564,15 @@ class Transformer(nn.Module):
     def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0,
                 return_hidden=False):
         """ids [B, T] -> logits [B, T, vocab] (return_hidden: the normed hidden states [B, T, dim]).
-        positions [B, T]: RoPE's. attention_mask: [B, S] real key slots (S = T, or cache.max_len),
-        or additive_mask's [B, 1, T, S]. cache: k/v written at slots cache_index.., T of them."""
+        attention_mask: [B, S] real key slots (S = T, or cache.max_len), or additive_mask's
+        [B, 1, T, S]. cache: k/v written at slots cache_index.. (T of them)."""
         B, T = ids.shape
         device = ids.device
         slots = torch.arange(T, device=device) + cache_index  # [T]
         if cache is not None and attention_mask is None:  # every slot up to the last
             attention_mask = torch.arange(cache.max_len, device=device) <= slots[-1]
         real = attention_mask if attention_mask is not None and attention_mask.dim() < 4 else None
-        if positions is None:  # without a cache the real tokens counted from 0, else the slots
+        if positions is None:  # the real tokens from 0; with a cache the slots
             positions = slots.expand(B, T)
             if cache is None and real is not None:
                 positions = (real.long().cumsum(-1) - 1).clamp(min=0)
@@ -572,7 +581,7 @@ class Transformer(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         mask = attention_mask  # None (causal), ready, or the real slots
-        rows = None  # [B, T]: where a rolled row's token t came from
+        rows = None  # [B, T]: where a rolled row's token came from
         if real is not None and cache is None and rolls_rows(x):  # real tokens from slot 0: causal
             rows = (slots + real.long().argmax(-1, keepdim=True)) % T
             x = x.gather(1, rows[..., None].expand_as(x))

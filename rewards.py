@@ -29,8 +29,7 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
                       max_new_tokens: int | None = None, answer_checker: str | None = None,
                       check: bool = True) -> tuple[list[float], dict]:
     """N completions' rewards -> (totals: sum of weight * reward; components: {name: N rewards}).
-    A name is a rule (REWARD_FUNCTIONS) or one of functions, the config's own (they read
-    reward_models.REWARD_INFO); one failing is a RuntimeError naming it."""
+    A name is a rule (REWARD_FUNCTIONS) or one of functions (REWARD_INFO: what they read)."""
     functions = functions or {}
     if check:
         _check_scoring(completions, golds, truncated, questions, lengths, weights, functions)
@@ -201,8 +200,8 @@ def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens
 
 def correctness_reward(completion: str, gold: str, truncated: bool = False,
                        template: Template = R1_ZERO, answer_checker: str = "gsm8k") -> float:
-    """1.0 if the completion's final answer (extract_answer) equals gold ("1,600") under
-    answer_checker (ANSWER_CHECKERS: "gsm8k" or "math"), else 0.0; truncated: 0.0, unfinished."""
+    """1.0 if the completion's final answer equals gold ("1,600") by answer_checker
+    (ANSWER_CHECKERS), else 0.0; truncated: 0.0, unfinished."""
     if truncated:
         return 0.0
     forms, equiv = answer_checker_of(answer_checker)
@@ -211,8 +210,8 @@ def correctness_reward(completion: str, gold: str, truncated: bool = False,
 
 def format_reward(completion: str, gold: str, truncated: bool = False,
                   template: Template = R1_ZERO) -> float:
-    """1.0 for the template's layout, R1-Zero's "<think>...</think> <answer>...</answer>": each
-    tag once, in order, only whitespace outside them, a non-empty answer; else 0.0."""
+    """1.0 for R1-Zero's layout, "<think>...</think> <answer>...</answer>" (the template's tags):
+    each once, in order, only whitespace outside, a non-empty answer; else 0.0."""
     think_open, think_close = template.think
     answer_open, answer_close = template.answer
     if any(completion.count(tag) != 1 for tag in (*template.think, *template.answer)):

@@ -58,8 +58,8 @@ class QuestionStream:
 
 
 def rollout_seed(seed: int, index: int, draw: int = 0) -> int:
-    """The sampler's seed for rollout `index` (step * world_size + rank) and dynamic sampling's
-    draw `draw`: distinct for each, so a resumed run draws the same samples."""
+    """The sampler's seed for rollout `index` and draw `draw` (dynamic sampling's): distinct for
+    each; a resumed run draws the same samples."""
     return (seed * 1_000_003 + index + draw * DRAW_STRIDE) % 2 ** 31
 
 
@@ -165,7 +165,7 @@ class Scoring:
 
 def sample_groups(run, cfg, step: int) -> Samples:
     """A step's rollout: group_size scored completions (consecutive rows) of each of
-    prompts_per_step questions; under torchrun each rank's share of the groups."""
+    prompts_per_step questions; under torchrun each rank's share."""
     if cfg.dynamic_sampling:
         return dynamic_groups(run, cfg, step)
     share = cfg.prompts_per_step // world_size()

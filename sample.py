@@ -107,14 +107,14 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
                         device=device)  # [B, P]: not padding
     cache = KVCache(model.config, batch, max_len, device, dtype)
     positions = (real.cumsum(-1) - 1).clamp(min=0)
-    chunk = max(1, PREFILL_TOKENS // prompt_len)  # rows per prefill forward
+    chunk = max(1, PREFILL_TOKENS // prompt_len)
     first = []
-    for start in range(0, batch, chunk):  # the prefill: each forward writes its rows' cache
+    for start in range(0, batch, chunk):  # the prefill, chunk rows at a time
         rows = slice(start, start + chunk)
         hidden = model(ids[rows], positions=positions[rows], attention_mask=real[rows],
                        cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
         first.append(model.lm_head(hidden[:, -1]))
-        del hidden  # [rows, P, dim]: not kept for the decode loop
+        del hidden  # [rows, P, dim]: freed before decoding
     first = first[0] if len(first) == 1 else torch.cat(first)
     # the decode steps' additive mask: 0 at the real prompt slots
     mask = torch.full((batch, 1, 1, max_len), float("-inf"), dtype=dtype, device=device)
@@ -124,7 +124,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     decoder = _Decoder(model, cache, mask, real.sum(-1), sampling, stop, pad_id, generator,
                        prompt_len)
     decoder.record(first)
-    # the decode step, chosen once: the model's forward, or the fast paths (_fast_step)
+    # the decode step, chosen once (_fast_step)
     step = _fast_step(decoder, generator, cuda_graphs, fused_decode) if fast else decoder.step
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
@@ -428,7 +428,7 @@ def _capture(step, generator, pool):
 
 def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
     """logits [B, V] -> (ids [B], fp32 log-probs [B] under log_softmax(logits / T), greedy's at
-    T = 1). Gumbel-max, argmax(logits / T - log E), E ~ Exp(1): an exact draw, no host sync."""
+    T = 1), by Gumbel-max: argmax(logits / T - log E), E ~ Exp(1), no host sync."""
     one_generator = isinstance(generator, torch.Generator)
     if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
         return _fused_or_eager(logits, temperature, generator)

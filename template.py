@@ -213,8 +213,7 @@ class CharTokenizer:
             json.dump({"tokenizer": "char", "alphabet": self.ALPHABET}, f)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Text of ids (a list or 1-D tensor of ints); special tokens are dropped or written as
-        their names."""
+        """Text of ids (ints); special tokens dropped or written as their names."""
         pieces = []
         for token_id in map(int, ids):
             if not 0 <= token_id < len(self.tokens):

@@ -60,8 +60,8 @@ class MicroBatch:
 def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
                        sampler_logprobs: list[list[float]] | None = None,
                        trained: list[bool] | None = None) -> list[MicroBatch]:
-    """Micro-batches of `size` rows of similar length (less padding; any split is exact), the rows
-    reordered (MicroBatch.rows); trained: per row, whether it is in the loss (None: all)."""
+    """Micro-batches of `size` rows of similar length (less padding; any split is exact), rows
+    reordered; trained: per row, whether it is in the loss (None: all)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
     batches = []
     for start in range(0, len(order), size):
@@ -79,8 +79,8 @@ def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Left-padded prompts + completions -> ids, attention_mask [b, P+N], mask [b, N], P; masks
-    from the lengths, not the ids (Qwen's pad token is its EOS)."""
+    """Left-padded prompts + completions -> ids, attention_mask [b, P+N], mask [b, N], P; the
+    masks from the lengths (Qwen's pad token is its EOS)."""
     width = max(map(len, prompts))
     n_new = max(map(len, completions))
     ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
@@ -219,8 +219,8 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
 
 def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, autocast,
            ddp=None) -> dict[str, float]:
-    """cfg.mu optimizer steps on `loss` (the run's Loss), each followed by loss.after_step() ->
-    the stats' means over the mu steps (GAP_STATS: the first's); ddp: torchrun's wrapper."""
+    """cfg.mu optimizer steps on `loss`, each followed by loss.after_step() -> the stats' means
+    (GAP_STATS: the first step's); ddp: torchrun's wrapper."""
     stats, gap = {}, {}
     for epoch_index in range(cfg.mu):
         epoch = policy_gradient(ddp or policy, batches, loss, cfg, autocast,
@@ -237,8 +237,8 @@ def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, a
 
 def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
                     measure_gap: bool = False) -> dict:
-    """Forward and backward of `loss` over the micro-batches with whole-batch (every rank's)
-    normalisers: the gradients and stats (0-d, no host sync) add up to the batch's."""
+    """Forward and backward of `loss` over the micro-batches, whole-batch normalisers: the
+    gradients and stats (0-d, no host sync) add up to the batch's."""
     sizes = batch_sizes(batches, cfg.max_new_tokens)
     totals = {}
     gap_max = torch.zeros((), device=sizes.scored.device)
@@ -274,8 +274,8 @@ def batch_sizes(batches: list[MicroBatch], width: int) -> Sizes:
 
 @torch.no_grad()
 def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, torch.Tensor]:
-    """The trainer's log-probs logp [b, N] against the sampler's: this micro-batch's share of
-    mean |gap| and mean exp(gap) over n_tok tokens, and its max |gap|."""
+    """logp [b, N] against the sampler's: this micro-batch's share of mean |gap| and mean
+    exp(gap) over n_tok tokens, and its max |gap|."""
     diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
     shares = {"logprob_gap": diff.abs().sum() / n_tok,
               "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok}
@@ -370,13 +370,13 @@ def critic_update(critic, optimizer, batches: list[MicroBatch], cfg, lr: float, 
 def optimizer_step(model, optimizer, lr: float, grad_clip: float,
                    loss: torch.Tensor | None = None) -> torch.Tensor:
     """Clip the grad norm to grad_clip (0: off), step, zero the grads -> the norm; a non-finite
-    norm or loss raises FloatingPointError, the weights untouched."""
+    norm or loss raises FloatingPointError first."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                           grad_clip if grad_clip > 0 else math.inf)
     finite = torch.isfinite(norm) if loss is None else torch.isfinite(norm) & torch.isfinite(loss)
-    if not finite:  # one host sync per update: the price of never writing nan weights
+    if not finite:  # one host sync: never nan weights
         optimizer.zero_grad(set_to_none=True)
         raise FloatingPointError(not_finite(norm, loss))
     optimizer.step()

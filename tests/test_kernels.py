@@ -79,7 +79,7 @@ def run_interpreted(check: str):
 @NEEDS_TRITON
 @pytest.mark.parametrize("check", ["check_add_rms_norm", "check_silu_mul", "check_rope_and_cache",
                                    "check_decode_attention", "check_gumbel_sampling", "check_fused_record",
-                                   "check_decode_step",
+                                   "check_decode_step", "check_training_functions",
                                    "check_fused_generate", "check_fused_logprobs"])
 def test_each_kernel_computes_what_its_torch_code_computes(check):
     run_interpreted(check)
@@ -229,6 +229,60 @@ def check_fused_record():
             want[decoder.rows, 6] = value.to(want.dtype)
             torch.testing.assert_close(getattr(decoder, name), want, atol=1e-5, rtol=0)
         assert ends.tolist() == ([True, False, True] if len(stop) else [False] * 3)
+
+
+def check_training_functions():
+    """Issue 63 item 4: kernels.Rope, SiluMul and AddRMSNorm against the torch ops they replace under torch's autograd,
+    in bf16: the values and every gradient (the weight's included), on shapes with masked lanes (a head of 12 padded
+    to 16, a width of 40, 3 rows of ragged blocks). Rope and SiluMul round as torch does, forward and backward: bit
+    for bit; AddRMSNorm's norm and its gradients sum in other orders: within one bf16 rounding. Rope takes a
+    transposed view (q and k as Attention.forward hands them over) and keeps its strides. And fused_training's probe
+    passes here and refuses a Function that is wrong."""
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+
+    def both(fused, reference, *shapes, grad_of=None, transposed=False):
+        results = []
+        for function in (fused, reference):
+            inputs = [torch.randn(*shape, generator=torch.Generator().manual_seed(i)).to(bf16) for i, shape in
+                      enumerate(shapes)]
+            if transposed:  # [B, T, H, D] memory seen as [B, H, T, D]
+                inputs[0] = inputs[0].transpose(1, 2)
+            for i in grad_of:
+                inputs[i].requires_grad_(True)
+            outputs = function(*inputs)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(9 + j)).to(bf16)
+                       for j, o in enumerate(outputs)]
+            sum((o.float() * w.float()).sum() for o, w in zip(outputs, weights)).backward()
+            results.append([o.detach() for o in outputs] + [inputs[i].grad for i in grad_of])
+        return results
+
+    def torch_rope(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    ours, theirs = both(kernels.Rope.apply, torch_rope, (2, 5, 3, 12), (2, 1, 5, 12), (2, 1, 5, 12), grad_of=[0],
+                        transposed=True)
+    assert ours[0].stride() == theirs[0].stride()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    ours, theirs = both(kernels.SiluMul.apply, lambda g, u: F.silu(g) * u, (3, 7, 40), (3, 7, 40), grad_of=[0, 1])
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    ours, theirs = both(lambda x, y, w: kernels.AddRMSNorm.apply(x, y, w, 1e-6),
+                        lambda x, y, w: (x + y, F.rms_norm(x + y, (40,), w, 1e-6)),
+                        (3, 7, 40), (3, 7, 40), (40,), grad_of=[0, 1, 2])
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-6)
+    assert torch.equal(ours[0], theirs[0])  # the residual sum: one rounding
+
+    kernels.TRAINING_DEVICES = ("cuda", "cpu")
+    assert kernels.fused_training(torch.zeros(2, dtype=bf16))
+    assert not kernels.fused_training(torch.zeros(2))  # fp32 keeps the torch ops
+    with torch.no_grad():
+        assert not kernels.fused_training(torch.zeros(2, dtype=bf16))
+    real = kernels.SiluMul.forward
+    kernels.SiluMul.forward = staticmethod(lambda ctx, gate, up: real(ctx, gate, up) * 1.5)
+    assert not kernels._probe(torch.device("cpu"), bf16)
+    kernels.SiluMul.forward = real
 
 
 def fused_tiny_model(**overrides):
@@ -533,6 +587,32 @@ def recorded_launches(architecture) -> list:
     return calls
 
 
+def recorded_training_launches(architecture) -> list:
+    """(kernel, args, kwargs) of the launches of the training Functions (kernels.Rope, SiluMul, AddRMSNorm), forward
+    and backward, at an architecture's shapes, for sequences of 512 and 500 tokens (strides divisible by 16 or not),
+    on CPU tensors standing for CUDA ones; nothing runs."""
+    dim, heads, kv_heads, head_dim, ffn_dim, _ = architecture
+    calls, bf16 = [], torch.bfloat16
+    names = ("_rope_kernel", "_silu_mul_train_kernel", "_add_rms_norm_kernel", "_add_rms_norm_backward_kernel")
+    real = {name: getattr(kernels, name) for name in names}
+    ctx = SimpleNamespace(save_for_backward=lambda *tensors: setattr(ctx, "saved_tensors", tensors))
+    try:
+        for name in names:
+            setattr(kernels, name, Launches(real[name], calls))
+        for tokens in (512, 500):
+            qk = torch.empty(1, tokens, heads + kv_heads, head_dim, dtype=bf16).transpose(1, 2)  # as Attention's
+            cos = torch.empty(1, 1, tokens, head_dim, dtype=bf16)
+            kernels.Rope.backward(ctx, kernels.Rope.forward(ctx, qk, cos, cos))
+            gate = torch.empty(tokens, ffn_dim, dtype=bf16)
+            kernels.SiluMul.backward(ctx, kernels.SiluMul.forward(ctx, gate, gate))
+            x, weight = torch.empty(tokens, dim, dtype=bf16), torch.empty(dim, dtype=bf16)
+            kernels.AddRMSNorm.backward(ctx, *kernels.AddRMSNorm.forward(ctx, x, x, weight, 1e-6))
+    finally:
+        for name in names:
+            setattr(kernels, name, real[name])
+    return calls
+
+
 def specialisation(kernel, args, kwargs, arch):
     """What Triton compiles for this launch on an sm_<arch> GPU: (its cache key, the compile's ASTSource, options),
     from Triton's own binder (triton/runtime/jit.py: JITFunction.run), no GPU needed."""
@@ -605,18 +685,19 @@ def test_head_dim_8_did_not_compile_for_an_h200_before_the_padding(triton_cache)
 @NEEDS_TRITON
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_kernel_compiles_to_a_cubin_at_every_architecture(triton_cache, target):
-    """Each kernel of kernels.py and sample.py, launched as the fused decode step and the fused sampling launch it
-    at each architecture's shapes (every split count of the attention), compiles to a cubin for the target, within
-    its shared memory."""
+    """Each kernel of kernels.py and sample.py, launched as the fused decode step, the fused sampling and the training
+    Functions launch it at each architecture's shapes (every split count of the attention), compiles to a cubin for
+    the target, within its shared memory."""
     arch = TARGETS[target]
     failures, kernels_seen = [], set()
     for name, architecture in ARCHITECTURES.items():
-        for kernel, args, kwargs in recorded_launches(architecture):
+        for kernel, args, kwargs in recorded_launches(architecture) + recorded_training_launches(architecture):
             kernels_seen.add(kernel.fn.__name__)
             failures += compiled_or_failure(kernel, args, kwargs, arch, name)[1]
     assert kernels_seen == {"_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_cache_kernel",
                             "_decode_attention_kernel", "_combine_splits_kernel", "_gumbel_kernel",
-                            "_gumbel_combine_kernel"}
+                            "_gumbel_combine_kernel", "_rope_kernel", "_silu_mul_train_kernel",
+                            "_add_rms_norm_backward_kernel"}
     assert not failures, "\n".join(failures)
 
 
