@@ -210,6 +210,12 @@ class TrainConfig(grpo.LossSettings, grpo.AdvantageSettings, grpo.CriticSettings
     # the sampler replays each decode step as a CUDA graph; False: the plain eager loop (the same
     # tokens, slower). Tried on CUDA only; a capture that fails falls back to the eager loop alone
     cuda_graphs: bool = True
+    # the sampler keeps its CUDA graphs, and the KV cache they read, from one rollout to the next
+    # (later rollouts replay them, capturing nothing), the cache held through the update; False:
+    # captured anew in each rollout, the cache freed. None chooses at set-up (kept where the run's
+    # memory estimate with the cache held still fits, grad_checkpointing's choice unchanged:
+    # run_management.keep_graphs_of)
+    keep_graphs: bool | None = None
     # on CUDA, the sampler's fused Triton kernel draws the tokens; False: torch ops (other draws,
     # the same distribution). A kernel that fails to build or launch falls back to the torch ops
     fused_sampling: bool = True

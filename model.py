@@ -319,7 +319,7 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache=None, slots=None):
         y = self.attn(self.attn_norm(x), cos, sin, mask, cache, slots)
-        if kernels.fused_training(x):  # the add and the norm in one kernel
+        if kernels.fused_training(x):  # add and norm: one kernel
             norm = self.mlp_norm
             x, normed = kernels.AddRMSNorm.apply(x, y, norm.weight.to(x.dtype), norm.eps)
             return x + self.mlp(normed)

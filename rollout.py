@@ -133,6 +133,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     cuda_graphs: bool = True  # the sampler's GPU-only fast paths (sample.generate)
+    keep_graphs: bool = True
     fused_sampling: bool = True
     fused_decode: bool = True
     checked: bool = False  # prompts and settings checked at set-up (train.py): generate skips it
@@ -224,6 +225,7 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     rollout = generate(model, prompts, sampling.max_new_tokens, temperature=sampling.temperature,
                        top_p=sampling.top_p, top_k=sampling.top_k, stop_sequences=sampling.stops,
                        seed=seed, pad_id=tokenizer.pad_token_id, cuda_graphs=sampling.cuda_graphs,
+                       keep_graphs=sampling.keep_graphs,
                        fused_sampling=sampling.fused_sampling, fused_decode=sampling.fused_decode,
                        check=not sampling.checked)
     lengths = rollout.lengths.tolist()
@@ -232,7 +234,7 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     logprobs = [row[:n] for row, n in zip(rollout.logprobs.tolist(), lengths)]
     sampled = time.perf_counter()
     texts = [tokenizer.decode(c[:-1] if c[-1] in sampling.end_of_text else c) for c in completions]
-    # scored from the response prefix ("<think>") on; correctness and format always logged
+    # scored from the response prefix on; correctness and format always logged
     template = scoring.template
     weights = {"correctness": 0.0, "format": 0.0, **scoring.weights}
     rewards, components = score_completions(

@@ -23,7 +23,7 @@ from model import Critic, Transformer, resolve_device, set_attention_backends
 from reward_models import load_rewards
 from rollout import QuestionStream, Sampling, Scoring, sampling_of
 from run_management import (check_machine, check_out_dir, check_reachable, grad_checkpointing_of,
-                            hub_names, model_config, refusals, start_out_dir)
+                            hub_names, keep_graphs_of, model_config, refusals, start_out_dir)
 from sft import sft_target, warm_start
 from template import Template, encode_prompt, template_of
 from update import configure_optimizer
@@ -82,6 +82,7 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
         policy = load_policy(cfg, state, tokenizer)
         policy.config.check_context(every_prompt, cfg.max_new_tokens)
         checkpointing, chosen = grad_checkpointing_of(cfg, device, policy.config, prompt_len)
+        keep_graphs, kept = keep_graphs_of(cfg, device, policy.config, prompt_len, checkpointing)
         if state is None and cfg.init_from:
             load_init_weights(policy, cfg.init_from, warm, cfg.dataset == "synthetic_split")
         start_out_dir(cfg, state, heldout)  # all checked: clear an old run, or cut its logs
@@ -90,8 +91,9 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
     autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
     policy.to(device).grad_checkpointing = checkpointing
-    if chosen and rank() == 0:
-        print(chosen, flush=True)
+    for said in (chosen, kept):
+        if said and rank() == 0:
+            print(said, flush=True)
     run_id = (state or {}).get("run_id") or from_every_rank(uuid.uuid4().hex[:12])[0]
     if warm_prompts:  # the warm start; a saved one goes on where it stopped
         targets = [sft_target(tokenizer, p, template) for p in warm]
@@ -119,8 +121,9 @@ def setup(cfg: TrainConfig, stop=None) -> Run | None:
               critic_optimizer=critic and configure_optimizer(critic, cfg.critic_rate,
                                                               cfg.weight_decay, cfg.adam_betas),
               sampling=sampling_of(tokenizer, template, cfg.max_new_tokens, cfg.temperature,
-                                   cuda_graphs=cfg.cuda_graphs, fused_sampling=cfg.fused_sampling,
-                                   fused_decode=cfg.fused_decode, checked=True),
+                                   cuda_graphs=cfg.cuda_graphs, keep_graphs=keep_graphs,
+                                   fused_sampling=cfg.fused_sampling, fused_decode=cfg.fused_decode,
+                                   checked=True),
               scoring=Scoring(template, cfg.reward_weights, cfg.answer_checker, rewards,
                               process=cfg.supervision != "outcome"))
     if state is not None:

@@ -199,19 +199,21 @@ PHASES = {"sampling": ("KV cache", "prefill"), "the update": ("gradients", "logi
           "the critic's update": ("critic gradients",)}
 # the other parts are held through the whole run
 PHASED = {name for names in PHASES.values() for name in names}
+KEPT_CACHE = "KV cache (kept for CUDA graphs)"
 
 
 def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
     """What a run holds in accelerator memory at least, by part, in bytes: only what it cannot do
     without, so that a refusal never stops a run that would fit. Held throughout: the fp32 master
     weights (4 B/param), the AdamW state (8 B per trained param), the sampler's and the reference's
-    bf16 copies (2 B/param each, when there are). While sampling (PHASES): the KV cache and the
-    prefill (sample.prefill_nbytes) of the larger of a training step's rows and an evaluation's
-    batch, at the longest prompt prompt_len. While updating: the gradients (4 B per trained param)
-    and one chunk of logits. PPO (method="ppo") holds its critic too, a policy-sized fp32 model
-    with its AdamW state, and its gradients while the critic updates (after the policy's are
-    freed). Activations come on top (grad_checkpointing and micro_batch_size bound them);
-    memory_gb in log.jsonl measures it all."""
+    bf16 copies (2 B/param each, when there are), and with keep_graphs the sampler's KV cache (kept
+    between rollouts with the CUDA graphs captured on it: sample._kept). While sampling (PHASES):
+    the KV cache otherwise, and the prefill (sample.prefill_nbytes), of the larger of a training
+    step's rows and an evaluation's batch, at the longest prompt prompt_len. While updating: the
+    gradients (4 B per trained param) and one chunk of logits. PPO (method="ppo") holds its
+    critic too, a policy-sized fp32 model with its AdamW state, and its gradients while the critic
+    updates (after the policy's are freed). Activations come on top (grad_checkpointing and
+    micro_batch_size bound them); memory_gb in log.jsonl measures it all."""
     with torch.device("meta"):  # counted, not allocated
         model = Transformer(config)
         params = model.num_params()
@@ -227,8 +229,8 @@ def memory_bytes(config: ModelConfig, cfg, prompt_len: int) -> dict[str, int]:
             "reference copy": (2 * params if low and cfg.beta > 0 and cfg.lora_rank == 0
                                and cfg.method in ("grpo", "ppo") else 0),
             "critic weights": 4 * critic, "critic AdamW state": 8 * critic,
-            "KV cache": KVCache.nbytes(config, rows, cache_slots(prompt_len, cfg.max_new_tokens),
-                                       sampler_dtype),
+            KEPT_CACHE if cfg.cuda_graphs and cfg.keep_graphs else "KV cache": KVCache.nbytes(
+                config, rows, cache_slots(prompt_len, cfg.max_new_tokens), sampler_dtype),
             "prefill": prefill_nbytes(config, rows, prompt_len, sampler_dtype),
             "gradients": 4 * trained, "logits chunk": 2 * 4 * cfg.logprob_chunk * config.vocab_size,
             "critic gradients": 4 * critic}
@@ -279,19 +281,40 @@ def grad_checkpointing_of(cfg, device: torch.device, config: ModelConfig,
                 f"{device}; set grad_checkpointing to choose (True: the lean setting)")
 
 
+def keep_graphs_of(cfg, device: torch.device, config: ModelConfig, prompt_len: int,
+                   checkpointing: bool) -> tuple[bool, str]:
+    """cfg.keep_graphs, or where the config leaves it unset (None) the choice, with a sentence
+    saying it: on a GPU with cuda_graphs, on only where what the run holds with the KV cache kept
+    (memory_need) and the update's activations (activation_bytes, under the checkpointing chosen),
+    times the allocator's measured reserve, fit in the free memory; elsewhere off."""
+    if cfg.keep_graphs is not None or device.type != "cuda" or not cfg.cuda_graphs:
+        return bool(cfg.keep_graphs and cfg.cuda_graphs), ""
+    free = torch.cuda.mem_get_info(device)[0]
+    held = memory_need(memory_bytes(config, dataclasses.replace(cfg, keep_graphs=True),
+                                    prompt_len))
+    activations = activation_bytes(config, cfg, prompt_len + cfg.max_new_tokens, checkpointing)
+    reserved = RESERVED_PER_ALLOCATED * (held + activations)
+    on = reserved <= free
+    return on, (f"keep_graphs {'on' if on else 'off'} (unset, so chosen): the sampler's CUDA "
+                f"graphs and KV cache kept between rollouts, {size(held)} held at least with the "
+                f"update's activations of about {size(activations)}, {size(reserved)} reserved at "
+                f"{RESERVED_PER_ALLOCATED:.2f}x, {'fit in' if on else 'pass'} the {size(free)} "
+                f"free on {device}; set keep_graphs to choose")
+
+
 def memory_need(parts: dict[str, int]) -> int:
     """The peak of memory_bytes' parts: what is held, and the larger of the two phases (they never
     overlap)."""
-    phases = [sum(parts[name] for name in names) for names in PHASES.values()]
+    phases = [sum(parts.get(name, 0) for name in names) for names in PHASES.values()]
     return sum(value for name, value in parts.items() if name not in PHASED) + max(phases)
 
 
 def memory_estimate(parts: dict[str, int]) -> str:
     """memory_need(parts) in words, with its parts: held, and each phase's."""
     def listed(names):
-        return ", ".join(f"{name} {size(parts[name])}" for name in names if parts[name])
+        return ", ".join(f"{name} {size(parts[name])}" for name in names if parts.get(name))
     phases = [f"{phase}: {listed(names)}" for phase, names in PHASES.items()
-              if any(parts[name] for name in names)]
+              if any(parts.get(name) for name in names)]
     return (f"{size(memory_need(parts))} at least (held: "
             f"{listed([n for n in parts if n not in PHASED])}; then the "
             f"{'larger' if len(phases) == 2 else 'largest'} of {', and '.join(phases)})")

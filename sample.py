@@ -25,6 +25,7 @@ respect to these log-probs (and to the policy the trainer scores).
 """
 import contextlib
 import copy
+import itertools
 import sys
 from dataclasses import dataclass, field
 
@@ -84,19 +85,19 @@ class Rollout:
 
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(),
-             stop_sequences=(), seed=None, pad_id=0, cuda_graphs=True,
+             stop_sequences=(), seed=None, pad_id=0, cuda_graphs=True, keep_graphs=True,
              fused_sampling=True, fused_decode=True, check=True) -> Rollout:
     """Continue each ragged prompt (a list of ids) by up to max_new_tokens tokens; a row ends
     after a stop sequence (kept; stop_ids: sequences of one). temperature 0: greedy. seed: an int,
-    None, or one per row. check=False: the caller checked the arguments (_check_request)."""
+    None, or one per row. check=False: the caller checked the arguments."""
     if check:
         _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
                        stop_sequences, seed)
-    device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
+    device = model.lm_head.weight.device
     batch = len(prompts)
     prompt_len = max(len(p) for p in prompts)
     max_len = cache_slots(prompt_len, max_new_tokens)
-    fast = device.type in FAST_PATH_DEVICES  # cuda_graphs, fused_*: module docstring
+    fast = device.type in FAST_PATH_DEVICES  # the GPU's fast paths
     if isinstance(seed, (list, tuple)):  # a generator per row: the eager loop
         generator, cuda_graphs = [torch.Generator(device).manual_seed(s) for s in seed], False
     else:
@@ -105,26 +106,22 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0
     ids = torch.tensor([[pad_id] * (prompt_len - len(p)) + list(p) for p in prompts], device=device)
     real = torch.tensor([[False] * (prompt_len - len(p)) + [True] * len(p) for p in prompts],
                         device=device)  # [B, P]: not padding
-    cache = KVCache(model.config, batch, max_len, device, dtype)
+    stop = _stop_table(stop_ids, stop_sequences).to(device)
+    sampling = (temperature, top_p, top_k, fused_sampling and fast)
+    decoder = (_kept if fast else _Decoder)(model, batch, max_len, sampling, stop, pad_id,
+                                            generator, cuda_graphs and keep_graphs, fused_decode)
+    generator, max_len = decoder.generator, decoder.cache.max_len
     positions = (real.cumsum(-1) - 1).clamp(min=0)
     chunk = max(1, PREFILL_TOKENS // prompt_len)
     first = []
     for start in range(0, batch, chunk):  # the prefill, chunk rows at a time
         rows = slice(start, start + chunk)
         hidden = model(ids[rows], positions=positions[rows], attention_mask=real[rows],
-                       cache=prefix_view(cache, prompt_len, rows), return_hidden=True)
+                       cache=prefix_view(decoder.cache, prompt_len, rows), return_hidden=True)
         first.append(model.lm_head(hidden[:, -1]))
-        del hidden  # [rows, P, dim]: freed before decoding
-    first = first[0] if len(first) == 1 else torch.cat(first)
-    # the decode steps' additive mask: 0 at the real prompt slots
-    mask = torch.full((batch, 1, 1, max_len), float("-inf"), dtype=dtype, device=device)
-    mask[:, 0, 0, :prompt_len].masked_fill_(real, 0.0)
-    stop = _stop_table(stop_ids, stop_sequences).to(device)
-    sampling = (temperature, top_p, top_k, fused_sampling and fast)
-    decoder = _Decoder(model, cache, mask, real.sum(-1), sampling, stop, pad_id, generator,
-                       prompt_len)
-    decoder.record(first)
-    # the decode step, chosen once (_fast_step)
+        del hidden  # [rows, P, dim]: not kept
+    decoder.start(real)
+    decoder.record(torch.cat(first))
     step = _fast_step(decoder, generator, cuda_graphs, fused_decode) if fast else decoder.step
     for generated in range(1, max_new_tokens):
         if generated % CHECK_EVERY == 0:
@@ -172,22 +169,24 @@ def _until_it_fails(fast, eager, path: str):
 
 
 class _Graphed:
-    """A decode step replayed as CUDA graphs: one per batch size and attention bucket, captured on
-    its first step (_captured); eager once a capture has failed (fall_back)."""
+    """A decode step replayed as CUDA graphs: one per row count and attention bucket, captured on
+    its first step (_captured) and kept in decoder.replays, for this rollout and later ones
+    (_kept); eager once a capture has failed (fall_back)."""
 
     def __init__(self, step, decoder, generator, device):
         self.step, self.decoder, self.generator, self.device = step, decoder, generator, device
-        self.replay, self.shape = None, None
 
     def __call__(self):
         shape = (len(self.decoder.rows), self.decoder.attend)
+        replay = self.decoder.replays.get(shape)
         if GRAPHS in FALLEN_BACK:
             self.step()
-        elif shape != self.shape:  # a new batch size or bucket: decodes this step, captures it
-            self.replay, self.shape = None, shape
-            self.replay = _captured(self.step, self.generator, self.device)
+        elif replay is None:  # a new row count or bucket: decodes this step, captures it
+            replay = _captured(self.step, self.generator, self.device)
+            if replay is not None:
+                self.decoder.replays[shape] = replay
         else:
-            self.replay()
+            replay()
 
 
 def _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
@@ -269,29 +268,33 @@ class _Decoder:
     place on the device with no host sync, so that CUDA can capture it in a graph; compact() drops
     finished rows."""
 
-    def __init__(self, model, cache, mask, positions, sampling, stop, pad_id, generator,
-                 prompt_len):
-        batch, max_len = mask.shape[0], mask.shape[-1]
-        device = mask.device
-        self.model = model
-        self.cache = cache
-        self.mask = mask  # [B, 1, 1, max_len] additive: 0 where the next queries look
-        self.pos = positions  # [B]: RoPE's for each row's next token
-        self.starts = prompt_len - positions  # [B]: each row's first real slot
-        self.sampling = sampling
-        self.generator = generator
+    def __init__(self, model, batch, max_len, sampling, stop, pad_id, generator, *_):
+        device, dtype = stop.device, model.lm_head.weight.dtype
+        self.model, self.sampling, self.generator = model, sampling, generator
+        self.cache = KVCache(model.config, batch, max_len, device, dtype)
         self.stop = stop  # [S, L] stop sequences, right-aligned; -1 pads
         self.stop_pad = stop < 0
-        # by row and slot: the ids sampled, their log-probs, whether a stop sequence ends
+        self.mask = torch.empty(batch, 1, 1, max_len, dtype=dtype, device=device)  # additive
+        # by row and slot: ids, log-probs, whether a stop ends there
         self.tokens = torch.full((batch, max_len), pad_id, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(batch, max_len, device=device)
         self.stops = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
-        self.slot = torch.tensor(prompt_len, device=device)  # the slot sampled last
+        self.slot = torch.empty((), dtype=torch.long, device=device)  # the slot sampled last
         self.rows = torch.arange(batch, device=device)
-        self.last = torch.zeros_like(self.rows)  # each row's latest token, fed next step
-        # each row's last L generated ids, oldest first; -1 until it has L
+        self.pos = torch.empty_like(self.rows)  # each row's next RoPE position
+        self.starts = torch.empty_like(self.rows)  # each row's first real slot
+        self.last = torch.zeros_like(self.rows)  # each row's latest token
+        # each row's last L ids, oldest first; -1 until it has L
         self.recent = torch.full((batch, stop.shape[1]), -1, dtype=torch.long, device=device)
         self.attend = max_len  # the cache slots attention reads (a bucket)
+
+    def start(self, real):
+        """After the prefill of prompts real [B, P] (left-padded): the mask, positions, slot."""
+        positions = real.sum(-1)
+        self.mask.fill_(float("-inf"))[:, 0, 0, :real.shape[1]].masked_fill_(real, 0.0)
+        self.pos.copy_(positions)
+        self.starts.copy_(real.shape[1] - positions)
+        self.slot.fill_(real.shape[1])
 
     def record(self, logits):
         """Sample slot `slot`'s tokens from logits [b, V]: ids, log-probs, a stop ending there."""
@@ -337,6 +340,76 @@ class _Decoder:
         self.cache.k, self.cache.v = self.cache.k[:, keep], self.cache.v[:, keep]
         if isinstance(self.generator, list):
             self.generator = [self.generator[i] for i in keep.tolist()]
+
+
+class _KeptDecoder(_Decoder):
+    """The decoder on a fast-path device. compact() keeps a power-of-two count of rows (those still
+    decoding, filled up with stopped ones, decoded on and never read) at the front of the same
+    buffers, so that a process sees at most log2(B) + 1 row counts and each (row count, bucket)
+    reads the same memory in every rollout; with CUDA graphs the decoder (buffers, cache,
+    generator) and its captured steps (replays) are kept for later rollouts (_kept)."""
+    ROWWISE = ("rows", "pos", "starts", "last", "recent", "mask")
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.key = None  # what _kept matches a later rollout on
+        self.replays = {}  # (rows, attend) -> the replay of a decode step captured at that shape
+        self.whole = {name: getattr(self, name) for name in self.ROWWISE}
+        self.whole_cache = (self.cache.k, self.cache.v)
+
+    def rewind(self, pad_id):
+        """Every row again, in order, and no token yet: for the next rollout, before its prefill."""
+        for name in self.ROWWISE:
+            setattr(self, name, self.whole[name])
+        self.cache.k, self.cache.v = self.whole_cache
+        torch.arange(len(self.rows), out=self.rows)
+        self.tokens.fill_(pad_id)
+        self.logprobs.zero_()
+        self.stops.zero_()
+        self.recent.fill_(-1)
+
+    def compact(self):
+        stopped = self.stops[self.rows].any(-1)
+        order = torch.cat((stopped.logical_not().nonzero()[:, 0], stopped.nonzero()[:, 0]))
+        keep = order[:1 << (int((~stopped).sum()) - 1).bit_length()].sort().values
+        n = len(keep)
+        for name in self.ROWWISE:
+            whole = self.whole[name]
+            whole[:n] = getattr(self, name)[keep]  # gathered first: the source overlaps
+            setattr(self, name, whole[:n])
+        for whole, part in zip(self.whole_cache, (self.cache.k, self.cache.v)):
+            whole[:, :n] = part[:, keep]
+        self.cache.k, self.cache.v = (whole[:, :n] for whole in self.whole_cache)
+        if isinstance(self.generator, list):
+            self.generator = [self.generator[i] for i in keep.tolist()]
+
+
+# the decoder kept for the next rollout with CUDA graphs (one a process: its cache and graphs)
+KEPT = []
+
+
+def _kept(model, batch, max_len, sampling, stop, pad_id, generator, keep, fused_decode):
+    """A fast-path device's decoder for a rollout: with keep (cuda_graphs and keep_graphs) the one
+    kept from the last rollout if it decodes alike (the model and its weights' memory, the rows,
+    sampling, stop table's shape and the decode step; at least max_len slots), its generator
+    re-seeded as `generator` and its stop table refilled; else a new one, kept in its place. A
+    model with LoRA adapters samples on merged weights made anew each rollout: not kept."""
+    weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
+    key = (model, weights, batch, sampling, tuple(stop.shape), fused_decode)
+    graphs = keep and not any(hasattr(m, "lora_A") for m in model.modules())
+    if graphs and KEPT and KEPT[0].key == key and KEPT[0].cache.max_len >= max_len:
+        kept = KEPT[0]
+        kept.rewind(pad_id)
+        kept.generator.manual_seed(generator.initial_seed())
+        kept.stop.copy_(stop)
+        kept.stop_pad.copy_(stop < 0)
+        return kept
+    if not graphs:
+        return _KeptDecoder(model, batch, max_len, sampling, stop, pad_id, generator)
+    KEPT.clear()  # the kept graphs and cache freed first
+    KEPT.append(_KeptDecoder(model, batch, max_len, sampling, stop, pad_id, generator))
+    KEPT[0].key = key
+    return KEPT[0]
 
 
 # device -> (side stream, pool id, keeper graph): one of each serves every capture of the process
@@ -428,7 +501,7 @@ def _capture(step, generator, pool):
 
 def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
     """logits [B, V] -> (ids [B], fp32 log-probs [B] under log_softmax(logits / T), greedy's at
-    T = 1), by Gumbel-max: argmax(logits / T - log E), E ~ Exp(1), no host sync."""
+    T = 1), by Gumbel-max: argmax(logits / T - log E), E ~ Exp(1)."""
     one_generator = isinstance(generator, torch.Generator)
     if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
         return _fused_or_eager(logits, temperature, generator)

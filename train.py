@@ -118,7 +118,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     """One GRPO step on run's weights, in place (method="ppo": a critic's values as the baseline)
     -> the samples and the update's stats, for the loop to record."""
     device = run.policy.lm_head.weight.device
-    # 1. rollout: group_size scored completions of each of prompts_per_step questions
+    # 1. rollout: group_size scored completions of prompts_per_step questions
     samples = sample_groups(run, cfg, step)
     t1 = time.perf_counter()
     trained = samples.stopped if run.loss.drops_truncated else None  # DAPO: no truncated

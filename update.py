@@ -248,7 +248,7 @@ def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
                 logp, entropy = completion_logprobs(policy, batch, cfg.temperature,
                                                     cfg.logprob_chunk, loss.entropy)
             value, stats = loss(terms_of(batch, logp, entropy), sizes)
-            # DDP and FSDP2 average the ranks' gradients; the normalisers want their sum
+            # DDP and FSDP2 average the ranks' gradients: summed here
             (value * world_size()).backward()
         if measure_gap:
             gap, batch_max = sampler_gap(logp, batch, sizes.scored)

@@ -28,9 +28,11 @@ def qwen_tokenizer_dir() -> str:
 
 @pytest.fixture(autouse=True)
 def no_fallback_yet(monkeypatch):
-    """Every test starts with no GPU fast path fallen back and no graph pool (sample.FALLEN_BACK and GRAPH_RESOURCES
-    are process-wide: one test's fallback would otherwise turn the path off for every later test, a GPU test of the
-    path would pass on the eager one, and a pool a failed capture left recording would fail the next test's)."""
+    """Every test starts with no GPU fast path fallen back, no graph pool and no decoder kept (sample.FALLEN_BACK,
+    GRAPH_RESOURCES and KEPT are process-wide: one test's fallback would otherwise turn the path off for every later
+    test, a GPU test of the path would pass on the eager one, a pool a failed capture left recording would fail the
+    next test's, and a kept decoder would hold a finished test's model)."""
     import sample
     monkeypatch.setattr(sample, "FALLEN_BACK", {})
     monkeypatch.setattr(sample, "GRAPH_RESOURCES", {})
+    monkeypatch.setattr(sample, "KEPT", [])

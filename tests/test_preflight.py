@@ -236,3 +236,38 @@ def test_a_cpu_run_leaves_checkpointing_off_unless_asked(tmp_path, monkeypatch):
     train.train(tiny(tmp_path / "unset", max_steps=1))
     train.train(tiny(tmp_path / "asked", max_steps=1, grad_checkpointing=True))
     assert seen == [(False, ""), (True, "")]
+
+
+def test_keeping_the_samplers_graphs_left_unset_is_chosen_where_the_cache_held_still_fits(monkeypatch):
+    """Issue 63: the sampler keeps its CUDA graphs, and the KV cache they read, between rollouts (sample._kept) only
+    where the memory allows: keep_graphs None is chosen at set-up, on a GPU with cuda_graphs, on where what the run
+    holds with the KV cache held through the update, plus the update's activations under the checkpointing already
+    chosen, times the allocator's reserve, fits the free memory; said in a sentence; off on the CPU, without
+    cuda_graphs, or as set. configs/gsm8k.py (checkpointing off): 39.4 GB held with its 6.0 GB cache kept (35.6 GB
+    without) + 36.7 GB of activations, 83.7 GB reserved: on for an 80 GB H100 (85.5e9 bytes) and an H200, off where
+    80 GB is free."""
+    from config import load_config
+    config = preflight.ModelConfig.from_hf(QWEN_1_5B)
+    cfg = dataclasses.replace(load_config([os.path.join(ROOT, "configs", "gsm8k.py")]), dtype="bfloat16")
+    assert cfg.keep_graphs is None and cfg.cuda_graphs
+    kept = preflight.memory_bytes(config, dataclasses.replace(cfg, keep_graphs=True), 297)
+    phased = preflight.memory_bytes(config, cfg, 297)
+    assert kept[preflight.KEPT_CACHE] == phased["KV cache"] and "KV cache" not in kept
+    held = preflight.memory_need(kept)
+    outside = sum(value for name, value in kept.items() if name not in preflight.PHASED)
+    assert held == outside + max(kept["prefill"], kept["gradients"] + kept["logits chunk"])
+    activations = preflight.activation_bytes(config, cfg, 809, False)
+    assert round(phased["KV cache"] / 1e9, 1) == 6.0 and round(held / 1e9, 1) == 39.4
+    assert round(1.10 * (held + activations) / 1e9, 1) == 83.7
+    cuda = torch.device("cuda")
+    for free, on in ((80 * 10**9, False), (85 * 10**9, True), (150 * 10**9, True)):  # an H100 80GB HBM3, an H200
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, free + 10**9))
+        chosen, said = preflight.keep_graphs_of(cfg, cuda, config, 297, checkpointing=False)
+        assert chosen == on and said.startswith(f"keep_graphs {'on' if on else 'off'} (unset, so chosen)")
+        assert f"{(held + activations) * 1.10 / 1e9:.2f} GB" in said
+    for setting in (True, False):
+        assert preflight.keep_graphs_of(dataclasses.replace(cfg, keep_graphs=setting), cuda, config, 297,
+                                        False) == (setting, "")
+    assert preflight.keep_graphs_of(cfg, torch.device("cpu"), config, 297, False) == (False, "")
+    assert preflight.keep_graphs_of(dataclasses.replace(cfg, cuda_graphs=False), cuda, config, 297, False) == (
+        False, "")

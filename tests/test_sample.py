@@ -1,6 +1,7 @@
 """sample.generate: greedy equals transformers, cached log-probs equal a full forward, sampling frequencies
 match the intended distribution, stop/pad/seed/error behaviour; on a GPU, graphs equal the eager loop."""
 import contextlib
+import gc
 import itertools
 
 import pytest
@@ -399,10 +400,22 @@ def fake_cuda(monkeypatch):
 
     real_step = sample._Decoder.step
 
+    def memory(decoder):
+        """What a captured step's kernels have baked in: each tensor it reads or writes, by address, shape and
+        strides."""
+        tensors = [getattr(decoder, name) for name in ("rows", "pos", "starts", "last", "recent", "mask", "tokens",
+                                                       "logprobs", "stops", "slot", "stop")]
+        return [(t.data_ptr(), t.shape, t.stride()) for t in tensors + [decoder.cache.k, decoder.cache.v]]
+
     def step(decoder):
         if cuda.capturing is None:
             return real_step(decoder)
-        cuda.capturing.work.append(lambda: real_step(decoder))
+        captured = memory(decoder)
+
+        def replay():  # a graph replays on the memory it was captured on, whatever the Python objects say
+            assert memory(decoder) == captured, "a replay on other memory than its capture's"
+            real_step(decoder)
+        cuda.capturing.work.append(replay)
         cuda.captures.append((len(decoder.rows), decoder.attend))
 
     class Stream:
@@ -504,21 +517,34 @@ def test_captures_across_rollouts_buckets_and_compactions_never_find_their_pool_
     rule) refuse a capture into a pool once every graph captured into it is freed, which happened at the first new
     bucket: every later capture of the process failed and decoding went eager. With a keeper graph holding the pool
     for the process (a MemPool would hold the device allocator's count only, not the host one's: it failed on an
-    H200), two rollouts with bucket changes and a compaction each make several captures, none fails, both counts of
-    users come back to the keeper's own, and the tokens are the eager loop's."""
+    H200), a rollout with bucket changes and compactions makes several captures, none fails, and the tokens are the
+    eager loop's. Issue 63: the graphs are kept with the decoder (sample.KEPT) and the next rollout of the same shapes
+    replays them, capturing nothing, on the memory they were captured on (the fake checks it), with the same tokens;
+    another seed replays them too. A rollout of another batch size replaces the kept decoder: its graphs freed, both
+    counts of users come back to the keeper's own and the new graphs'."""
     monkeypatch.setattr(sample, "BUCKET", 8)  # a new bucket, so a new capture, every 8 tokens
     monkeypatch.setattr(sample, "CHECK_EVERY", 4)
     model, prompts, stops = tiny_model(), PROMPTS * 4, dict(stop_ids=range(0, VOCAB, 9))
     eager = generate(model, prompts, 40, seed=3, cuda_graphs=False, fused_sampling=False, **stops)
-    for _ in range(2):
+    for rollout in range(2):
         captured = len(fake_cuda.captures)
         out = generate(model, prompts, 40, seed=3, fused_sampling=False, **stops)
         shapes = fake_cuda.captures[captured:]
-        assert len(shapes) >= 4 and len({rows for rows, _ in shapes}) >= 2, shapes  # buckets, and a compaction
+        if rollout == 0:
+            assert len(shapes) >= 4 and len({rows for rows, _ in shapes}) >= 2, shapes  # buckets, and compactions
+        else:
+            assert shapes == [], shapes  # every step a replay
         assert torch.equal(out.tokens, eager.tokens) and torch.equal(out.logprobs, eager.logprobs)
         assert out.fast_paths == {"cuda_graphs": True, "fused_decode": False} and not sample.FALLEN_BACK
+    other = generate(model, prompts, 40, seed=4, fused_sampling=False, **stops)
+    assert torch.equal(other.tokens, generate(model, prompts, 40, seed=4, cuda_graphs=False, fused_sampling=False,
+                                              **stops).tokens)
     (_, pool, _), = sample.GRAPH_RESOURCES.values()  # one stream and one pool served every capture
-    assert fake_cuda.users == fake_cuda.host_users == {pool: 1}  # the rollouts' graphs are freed, the keeper holds on
+    kept = len(sample.KEPT[0].replays)
+    assert kept >= 4 and fake_cuda.users == fake_cuda.host_users == {pool: 1 + kept}  # the keeper and the kept graphs
+    generate(model, PROMPTS, 40, seed=3, fused_sampling=False, **stops)  # another batch size
+    gc.collect()  # the fake's captured steps refer to their decoder (a real graph holds no Python object): a cycle
+    assert fake_cuda.users == fake_cuda.host_users == {pool: 1 + len(sample.KEPT[0].replays)}
 
 
 def test_the_prefill_in_pieces_of_rows_equals_one_prefill_and_frees_its_hidden_states(monkeypatch):
@@ -581,3 +607,27 @@ def test_a_decode_step_launches_at_most_24_ops_per_layer_and_35_around_them():
     one, two = per_step(1), per_step(2)
     per_layer, outside = two - one, 2 * one - two
     assert per_layer <= 24 and outside <= 35, (per_layer, outside)
+
+
+def test_a_rollout_that_keeps_no_graphs_captures_anew_and_leaves_the_kept_decoder(monkeypatch, fake_cuda):
+    """Issue 63: keep_graphs=False (a run whose update has no room for the cache: run_management.keep_graphs_of)
+    captures its graphs anew in every rollout and keeps nothing; it leaves a decoder kept by another rollout alone;
+    the tokens are the same either way. A model with LoRA adapters (merged weights made anew each rollout) keeps
+    nothing either."""
+    monkeypatch.setattr(sample, "BUCKET", 8)
+    model = tiny_model()
+    eager = generate(model, PROMPTS, 20, seed=3, cuda_graphs=False, fused_sampling=False)
+    for _ in range(2):
+        captured = len(fake_cuda.captures)
+        out = generate(model, PROMPTS, 20, seed=3, fused_sampling=False, keep_graphs=False)
+        assert len(fake_cuda.captures) > captured and sample.KEPT == []
+        assert torch.equal(out.tokens, eager.tokens)
+    generate(model, PROMPTS, 20, seed=3, fused_sampling=False)
+    kept = sample.KEPT[0]
+    generate(model, PROMPTS, 20, seed=3, fused_sampling=False, keep_graphs=False)
+    assert sample.KEPT == [kept]
+    model.add_lora(2, 4.0, 0.0, ["q_proj"])
+    sample.KEPT.clear()
+    with model.lora_merged():
+        generate(model, PROMPTS, 20, seed=3, fused_sampling=False)
+    assert sample.KEPT == []
