@@ -260,7 +260,8 @@ def bench_sampler(hf, ours, work: dict, device, bandwidth, flops) -> dict:
     transformers' generate on the same weights (fewer new tokens: it is much slower). One warm-up with the very call
     timed (every kernel specialisation compiled, cuBLAS handles made), then the median of TIMED_CALLS calls; beside
     it the Triton compiles of the warm-up and of the timed calls (0 expected: a compile inside a timing is a bug) and
-    the seconds the timed calls spent capturing CUDA graphs (a rollout captures its graphs anew; medians)."""
+    the seconds the timed calls spent capturing CUDA graphs (the graphs are kept between rollouts, sample._kept: 0
+    expected after the warm-up's; medians)."""
     prompts = sampler_prompts(ours, work)
     as_lists, n = prompts.tolist(), work["new_tokens"]
     call = lambda: generate(ours, as_lists, n, seed=0)  # noqa: E731
