@@ -3,7 +3,9 @@ Reading what a completion says, without regex and without sympy: its final answe
 the single number an answer states (parse_number), whether it equals the gold answer (is_equiv;
 MATH's LaTeX answers: math_answers.is_equiv_math), and a GSM8K solution's gold (gold_from_solution).
 An answer checker (ANSWER_CHECKERS, config key answer_checker) pairs the forms an answer may take
-with the equivalence that judges it.
+with the equivalence that judges it. is_equiv matches a numeric gold exactly (Fraction arithmetic:
+0.5 == 1/2, 0.3333 != 1/3) by an answer that states one single number, and any other gold after
+whitespace and LaTeX normalisation.
 
 The reward is the only teacher, so every rule here leans towards "no answer" when in doubt: a false
 positive teaches the policy to cheat, a false negative only slows it down. Time is linear in the
@@ -259,8 +261,7 @@ def _last_sentence_answer(text, think):
 
 def extract_answer(text: str, forms: tuple[str, ...] = DEFAULT_FORMS,
                    template: Template = R1_ZERO) -> str | None:
-    """The final answer string in a completion, or None. forms: the notations that count (of
-    DEFAULT_FORMS; how each reads: the module docstring)."""
+    """The final answer string in a completion, or None (forms: module docstring)."""
     if not set(forms) <= set(DEFAULT_FORMS):
         raise ValueError(f"unknown answer form(s) {sorted(set(forms) - set(DEFAULT_FORMS))}; known "
                          f"forms are {DEFAULT_FORMS}")
@@ -431,8 +432,7 @@ def _normalize_text(text):
 
 
 def is_equiv(pred: str | None, gold: str) -> bool:
-    """Whether pred states gold: a numeric gold exactly, by one number (0.5 == 1/2, 0.3333 !=
-    1/3); another after whitespace and LaTeX normalisation."""
+    """Whether pred states gold: a number exactly (0.5 == 1/2), text after normalisation."""
     if pred is None or gold is None:
         return False
     gold_value = parse_number(gold)

@@ -146,7 +146,7 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer):
 
 
 def over_ranks(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """tensor's sum (or "max") over the ranks, in place (a collective); alone: itself."""
+    """tensor's sum (or "max") over the ranks, in place; alone: itself."""
     if dist.is_initialized():
         dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
     return tensor

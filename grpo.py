@@ -8,9 +8,11 @@ it; config.TrainConfig inherits them. In the order a step reads them (train.grpo
     value, measures = loss(terms_of(batch, logp, entropy), sizes)  # each micro-batch (update.py)
     logged = loss.after_step()  # after each optimizer step: parts that keep state update it
 
-The maths are pure functions: group_advantages (GRPO, Dr. GRPO, RLOO, REINFORCE; group or batch
-std), normalize_then_sum (GDPO), process_advantages (per-step rewards), kl_penalized_rewards (the
-KL in the reward), GAE and the value loss of PPO's critic, and the loss's parts, one table per kind
+The maths are pure functions: group_advantages (GRPO, Dr. GRPO arXiv:2503.20783, RLOO's
+leave-one-out mean G/(G-1) (r - mean), REINFORCE; the group's unbiased std + eps, or the batch's;
+with a baseline a group of equal rewards gets exactly 0), normalize_then_sum (GDPO),
+process_advantages (per-step rewards), kl_penalized_rewards (the KL in the reward), GAE and the
+value loss of PPO's critic, and the loss's parts, one table per kind
 (IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES, the masks, IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS,
 the entropy bonus, LOSS_AGGS), each a short function with its paper; grpo_loss computes any of them
 in one call. update.py runs them over a step's micro-batches with whole-batch normalisers. Which KL
@@ -62,8 +64,7 @@ class AdvantageSettings:
 
 
 def advantages_of(samples, batches, cfg) -> tuple[torch.Tensor, dict]:
-    """A step's advantages [B] (group_advantages; GDPO: of each reward) or [B, T]
-    (process_supervised), and their stats."""
+    """A step's advantages [B] (or [B, T]: process_supervised) and their stats."""
     rewards = torch.tensor(samples.rewards)
     if cfg.kl_estimator == "k1_reward" and cfg.beta > 0:
         log_ratio = sequence_sums(batches, lambda batch: batch.sampler_logp - batch.ref_logp,
@@ -143,8 +144,7 @@ def kl_penalized_rewards(rewards, sequence_log_ratio, beta):
 
 def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6):
     """rewards [B] -> advantages [B] fp32, groups of group_size rows. baseline: "mean" (GRPO),
-    "rloo" (the others' mean), "none" (REINFORCE); scale: "std" (the group's), "batch" (PPO-Lite,
-    arXiv:2508.08221), "none" (Dr. GRPO, arXiv:2503.20783). Equal rewards: 0."""
+    "rloo", "none" (REINFORCE); scale: "std", "batch" (arXiv:2508.08221), "none" (Dr. GRPO)."""
     grouped = _grouped(rewards, group_size)  # [n_groups, G]
     if (baseline, scale) == ("none", "none"):  # REINFORCE: the raw rewards
         return grouped.flatten()
@@ -162,13 +162,11 @@ def group_advantages(rewards, group_size, baseline="mean", scale="std", eps=1e-6
 
 
 def _grouped(rewards, group_size):
-    """rewards [B] -> [B // group_size, group_size] fp32."""
     return rewards.float().view(-1, group_size)
 
 
 def advantage_stats(advantages: torch.Tensor, lengths: list[int]) -> dict:
-    """The advantages' mean |A|, std and share of zeros (no signal), [B], or [B, T] over each
-    completion's `lengths` tokens."""
+    """The advantages' mean |A|, std and share of zeros (over the completion tokens)."""
     if advantages.dim() == 2:
         advantages = advantages[torch.arange(advantages.shape[1]) < torch.tensor(lengths)[:, None]]
     return {"adv_abs_mean": advantages.abs().mean().item(),
@@ -434,8 +432,7 @@ IMPORTANCE_SAMPLING_LEVELS = {"token": token_ratio, "sequence": sequence_ratio}
 
 
 def clip(x: Terms, low: float, high: float) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped surrogate (DeepSeekMath eq. 3; DAPO's clip-higher, arXiv:2503.14476):
-    -min(r A, clip(r, 1 - low, 1 + high) A)."""
+    """PPO's clipped surrogate (DeepSeekMath eq. 3; DAPO's clip-higher, arXiv:2503.14476)."""
     clipped = x.ratio.clamp(1 - low, 1 + high)
     token_loss = -torch.minimum(x.ratio * x.advantages, clipped * x.advantages)
     return token_loss, {"clip_frac_low": summed(x, (x.advantages < 0) & (x.ratio < 1 - low)),
@@ -523,7 +520,6 @@ def sequence_sampler_ratio(x: Terms) -> torch.Tensor:
 
 
 def truncated(ratio: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """Truncated importance sampling: the ratio clamped to [low, high]."""
     return ratio.clamp(low, high)
 
 
@@ -539,9 +535,8 @@ IMPORTANCE_SAMPLING_MODES = {"token_truncate": (token_sampler_ratio, truncated),
 
 
 def sampler_correction(x: Terms, ratio_of, bound, low: float, high: float):
-    """The policy term weighed by pi_old / pi_sampler bounded to [low, high]: the sampler's
-    numerics against the trainer's (Yao et al. 2025, "Your efficient RL framework secretly brings
-    you off-policy RL training"; TRL's vllm_importance_sampling_*)."""
+    """The policy term weighed by pi_old / pi_sampler bounded to [low, high]: the sampler's numerics
+    against the trainer's (Yao et al. 2025)."""
     ratio = ratio_of(x)  # [b, N] or [b, 1]
     weight = bound(ratio, low, high)
     return weight, {"tis_capped_frac": summed(x, (ratio < low) | (ratio > high)),
@@ -668,7 +663,6 @@ def policy_tokens(x: Terms) -> dict:
 
 
 def entropy_sum(x: Terms) -> dict:
-    """The logged entropy (completion_logprobs' sum)."""
     return {"entropy": x.entropy}
 
 

@@ -555,7 +555,7 @@ NORM_ROWS = 16  # rows an add + RMSNorm backward program takes (it sums their we
 
 
 def fused_training(x) -> bool:
-    """Whether model.py runs Rope, SiluMul and AddRMSNorm on x (training on CUDA; _probe)."""
+    """Whether model.py runs Rope, SiluMul, AddRMSNorm on x (CUDA training; _probe)."""
     if (triton is None or x.device.type not in TRAINING_DEVICES or not torch.is_grad_enabled()
             or x.dtype not in (torch.bfloat16, torch.float16)):
         return False

@@ -14,7 +14,10 @@ cache, S = cache length with one; each row's real tokens contiguous) and positio
 count of real tokens before each one; the forward turns it once into the additive mask SDPA computes
 with, which a caller may also pass ready ([B, 1, T, S], as the sampler's decode steps do). Without a
 cache on CUDA in half precision it rolls each row past its padding instead and attends causally,
-without a mask (rolls_rows).
+without a mask (rolls_rows). A multi-token call's grouped kv heads are broadcast by SDPA itself
+where it can (flash attention on CUDA: no mask, half precision; and the CPU), else repeated to every
+head (attention_kv): the math backend would hold fp32 scores, 37 GB at configs/math.py's longest
+prefill.
 
 LoRA: add_lora() freezes the weights and adds trainable low-rank adapters; adapters_disabled() gives
 back the exact base model (the GRPO reference); save_pretrained() exports a Hugging Face checkpoint,
@@ -198,8 +201,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def additive_mask(real: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
-    """real [B, S] key slots, queries' slots [T] -> SDPA's additive [B, 1, T, S]: 0 where a query
-    sees a key (a real one up to its own; always itself)."""
+    """real [B, S], slots [T] -> [B, 1, T, S]: 0 where a query sees a key (real, causal; itself)."""
     key_slots = torch.arange(real.shape[1], device=real.device)
     causal = key_slots[None, :] <= slots[:, None]  # [T, S]
     seen = (causal & real.bool()[:, None]) | (key_slots[None, :] == slots[:, None])  # [B, T, S]
@@ -213,7 +215,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # the weight in x's dtype: fp32 master weights under autocast compute as their bf16 copy
+        # the weight in x's dtype: under autocast, as its bf16 copy
         return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
@@ -265,14 +267,14 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):  # Qwen3: each head's q and k normed, in their dtype
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        # q and k rotated in one go: [B, n_heads + n_kv_heads, T, head_dim]
+        # q and k rotated at once: [B, H + Hkv, T, D]
         qk = apply_rope(torch.cat((q, k), dim=2).transpose(1, 2), cos, sin)
         q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)
         if cache is not None:
             k, v = cache.update(self.layer, k, v, slots)
         group = self.n_heads // self.n_kv_heads
         if T == 1 and group > 1:
-            # one decode step: each kv head's queries folded into the query axis, no kv copy
+            # a decode step: each kv head's queries folded in, no kv copy
             q = q.view(B, self.n_kv_heads, group, self.head_dim)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             y = y.reshape(B, self.n_heads, 1, self.head_dim)
@@ -284,8 +286,7 @@ class Attention(nn.Module):
 
 
 def attention_kv(k, v, group: int, masked: bool, device_type: str):
-    """SDPA's keys and values for T > 1, and whether it broadcasts kv heads (GQA): on CUDA only
-    flash attention can (no mask, half precision); else they are repeated (math backend: 37 GB)."""
+    """SDPA's k, v for T > 1, and whether it broadcasts kv heads itself (CUDA's flash attention)."""
     if group > 1 and device_type == "cuda" and (masked or k.dtype not in HALF):
         return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
     return k, v, group > 1
@@ -563,9 +564,8 @@ class Transformer(nn.Module):
 
     def forward(self, ids, positions=None, attention_mask=None, cache=None, cache_index=0,
                 return_hidden=False):
-        """ids [B, T] -> logits [B, T, vocab] (return_hidden: the normed hidden states [B, T, dim]).
-        attention_mask: [B, S] real key slots (S = T, or cache.max_len), or additive_mask's
-        [B, 1, T, S]. cache: k/v written at slots cache_index.. (T of them)."""
+        """ids [B, T] -> logits [B, T, vocab] (or hidden [B, T, dim]). attention_mask: [B, S] real
+        key slots (S = T or cache.max_len), or additive_mask's. cache: written at cache_index."""
         B, T = ids.shape
         device = ids.device
         slots = torch.arange(T, device=device) + cache_index  # [T]
@@ -577,7 +577,7 @@ class Transformer(nn.Module):
             if cache is None and real is not None:
                 positions = (real.long().cumsum(-1) - 1).clamp(min=0)
         x = self.embed(ids)
-        # the residual stream in the autocast dtype, as the bf16 sampler computes it
+        # the residual stream in the autocast dtype, as the sampler's
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         mask = attention_mask  # None (causal), ready, or the real slots

@@ -5,6 +5,15 @@ the way (the reasoning steps of process supervision); score_completions weighs t
 own rewards (reward_models.py), per completion. Every rule leans towards 0.0 when in doubt: a false
 positive teaches the policy to cheat, a false negative only slows it down. Also here: the yes/no
 properties of a completion that the logs count (shows_work, reflects).
+
+The rules: correctness_reward is 1.0 when the final answer (answers.extract_answer, in the
+template's tags) equals the gold one ("1,600") under the config's answer checker, and a truncated
+completion earns 0.0 (it never finished its answer); format_reward is 1.0 for the template's layout,
+R1-Zero's "<think>...</think> <answer>...</answer>": each of the four tags exactly once and in that
+order, only whitespace before <think>, between </think> and <answer> and after </answer>, and a
+non-empty answer. score_completions returns each completion's weighted sum and every reward's
+unweighted values; a reward that raises or returns anything but N finite numbers is a RuntimeError
+naming it and the completion.
 """
 import bisect
 import inspect
@@ -28,8 +37,7 @@ def score_completions(completions: list[str], golds: list[str], truncated: list[
                       template: Template = R1_ZERO, lengths: list[int] | None = None,
                       max_new_tokens: int | None = None, answer_checker: str | None = None,
                       check: bool = True) -> tuple[list[float], dict]:
-    """N completions' rewards -> (totals: sum of weight * reward; components: {name: N rewards}).
-    A name is a rule (REWARD_FUNCTIONS) or one of functions (REWARD_INFO: what they read)."""
+    """N completions' rewards -> (totals: sum of weight * reward; {name: N unweighted rewards})."""
     functions = functions or {}
     if check:
         _check_scoring(completions, golds, truncated, questions, lengths, weights, functions)
@@ -200,8 +208,7 @@ def _reward_info(names, functions, truncated, questions, lengths, max_new_tokens
 
 def correctness_reward(completion: str, gold: str, truncated: bool = False,
                        template: Template = R1_ZERO, answer_checker: str = "gsm8k") -> float:
-    """1.0 if the completion's final answer equals gold ("1,600") by answer_checker
-    (ANSWER_CHECKERS), else 0.0; truncated: 0.0, unfinished."""
+    """1.0 if the final answer equals gold by answer_checker, else 0.0 (truncated: 0.0)."""
     if truncated:
         return 0.0
     forms, equiv = answer_checker_of(answer_checker)
@@ -210,8 +217,7 @@ def correctness_reward(completion: str, gold: str, truncated: bool = False,
 
 def format_reward(completion: str, gold: str, truncated: bool = False,
                   template: Template = R1_ZERO) -> float:
-    """1.0 for R1-Zero's layout, "<think>...</think> <answer>...</answer>" (the template's tags):
-    each once, in order, only whitespace outside, a non-empty answer; else 0.0."""
+    """1.0 for the template's layout, "<think>...</think> <answer>...</answer>", else 0.0."""
     think_open, think_close = template.think
     answer_open, answer_close = template.answer
     if any(completion.count(tag) != 1 for tag in (*template.think, *template.answer)):

@@ -58,8 +58,7 @@ class QuestionStream:
 
 
 def rollout_seed(seed: int, index: int, draw: int = 0) -> int:
-    """The sampler's seed for rollout `index` and draw `draw` (dynamic sampling's): distinct for
-    each; a resumed run draws the same samples."""
+    """The sampler's seed for rollout `index`, draw `draw`: a resumed run draws the same."""
     return (seed * 1_000_003 + index + draw * DRAW_STRIDE) % 2 ** 31
 
 
@@ -165,8 +164,7 @@ class Scoring:
 
 
 def sample_groups(run, cfg, step: int) -> Samples:
-    """A step's rollout: group_size scored completions (consecutive rows) of each of
-    prompts_per_step questions; under torchrun each rank's share."""
+    """A step's rollout: group_size scored completions of each of prompts_per_step questions."""
     if cfg.dynamic_sampling:
         return dynamic_groups(run, cfg, step)
     share = cfg.prompts_per_step // world_size()
@@ -234,7 +232,7 @@ def sample_and_score(model, tokenizer, prompts: list[list[int]], golds: list[str
     logprobs = [row[:n] for row, n in zip(rollout.logprobs.tolist(), lengths)]
     sampled = time.perf_counter()
     texts = [tokenizer.decode(c[:-1] if c[-1] in sampling.end_of_text else c) for c in completions]
-    # scored from the response prefix on; correctness and format always logged
+    # from the response prefix on; correctness and format always logged
     template = scoring.template
     weights = {"correctness": 0.0, "format": 0.0, **scoring.weights}
     rewards, components = score_completions(

@@ -21,7 +21,9 @@ model's forward or the fused kernels, each eager or replayed as CUDA graphs.
 
 Log-probs are those of log_softmax(logits / T) in fp32, before top-p/top-k truncation: with top_p <
 1 or top_k > 0 tokens are drawn from the truncated distribution, so the samples are off-policy with
-respect to these log-probs (and to the policy the trainer scores).
+respect to these log-probs (and to the policy the trainer scores). sample_next draws by Gumbel-max,
+argmax(logits / T - log E) with E ~ Exp(1): an exact draw from softmax(logits / T) with no host
+sync, so that it can live in a CUDA graph; temperature 0 is greedy, its log-probs at T = 1.
 """
 import contextlib
 import copy
@@ -87,9 +89,8 @@ class Rollout:
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, stop_ids=(),
              stop_sequences=(), seed=None, pad_id=0, cuda_graphs=True, keep_graphs=True,
              fused_sampling=True, fused_decode=True, check=True) -> Rollout:
-    """Continue each ragged prompt (a list of ids) by up to max_new_tokens tokens; a row ends
-    after a stop sequence (kept; stop_ids: sequences of one). temperature 0: greedy. seed: an int,
-    None, or one per row. check=False: the caller checked the arguments."""
+    """Continue each ragged prompt (a list of ids) by up to max_new_tokens tokens, a row ending
+    after a stop sequence (kept). seed: an int, None, or one per row. check=False: checked."""
     if check:
         _check_request(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
                        stop_sequences, seed)
@@ -284,9 +285,9 @@ class _Decoder:
         self.pos = torch.empty_like(self.rows)  # each row's next RoPE position
         self.starts = torch.empty_like(self.rows)  # each row's first real slot
         self.last = torch.zeros_like(self.rows)  # each row's latest token
-        # each row's last L ids, oldest first; -1 until it has L
+        # each row's last L ids, oldest first (-1: none yet)
         self.recent = torch.full((batch, stop.shape[1]), -1, dtype=torch.long, device=device)
-        self.attend = max_len  # the cache slots attention reads (a bucket)
+        self.attend = max_len  # cache slots attention reads (a bucket)
 
     def start(self, real):
         """After the prefill of prompts real [B, P] (left-padded): the mask, positions, slot."""
@@ -297,7 +298,7 @@ class _Decoder:
         self.slot.fill_(real.shape[1])
 
     def record(self, logits):
-        """Sample slot `slot`'s tokens from logits [b, V]: ids, log-probs, a stop ending there."""
+        """Sample slot `slot`'s ids from logits [b, V]; record them, their log-probs, stops."""
         temperature, top_p, top_k, fused = self.sampling
         if fused and _fused_record(self, logits, temperature, top_p, top_k):  # all in 2 kernels
             return
@@ -306,7 +307,7 @@ class _Decoder:
         self.tokens.index_put_(column, ids)
         self.logprobs.index_put_(column, logprobs)
         self.recent.copy_(torch.cat([self.recent[:, 1:], ids[:, None]], dim=1))
-        # a stop sequence ends here: the newest ids equal it in every column it fills
+        # a stop ends here: the newest ids equal it wherever it is not -1
         matches = ((self.recent[:, None] == self.stop) | self.stop_pad).all(-1)  # [b, S]
         self.stops.index_put_(column, matches.any(-1))
         self.last.copy_(ids)
@@ -500,8 +501,7 @@ def _capture(step, generator, pool):
 
 
 def sample_next(logits, temperature, top_p, top_k, generator, fused: bool = True):
-    """logits [B, V] -> (ids [B], fp32 log-probs [B] under log_softmax(logits / T), greedy's at
-    T = 1), by Gumbel-max: argmax(logits / T - log E), E ~ Exp(1)."""
+    """logits [B, V] -> (ids [B], fp32 log_softmax(logits / T) [B] there), by Gumbel-max."""
     one_generator = isinstance(generator, torch.Generator)
     if fused and one_generator and _fused_possible(logits.device, temperature, top_p, top_k):
         return _fused_or_eager(logits, temperature, generator)

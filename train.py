@@ -115,8 +115,7 @@ def with_peak_memory(step_fn, run: Run, cfg: TrainConfig, step: int) -> tuple[Sa
 
 
 def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
-    """One GRPO step on run's weights, in place (method="ppo": a critic's values as the baseline)
-    -> the samples and the update's stats, for the loop to record."""
+    """One GRPO step on run's weights, in place -> the samples and stats, for the loop to record."""
     device = run.policy.lm_head.weight.device
     # 1. rollout: group_size scored completions of prompts_per_step questions
     samples = sample_groups(run, cfg, step)
@@ -124,7 +123,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     trained = samples.stopped if run.loss.drops_truncated else None  # DAPO: no truncated
     batches = make_micro_batches(samples.prompts, samples.completions, cfg.micro_batch_size,
                                  run.tokenizer.pad_token_id, device, samples.logprobs, trained)
-    # 2. log-probs: the reference's for the KL (beta > 0), the sampling policy's for mu > 1
+    # 2. log-probs: the reference's (beta > 0), the sampling policy's (mu > 1)
     if cfg.beta > 0:  # a frozen copy, or with LoRA the policy without its adapters
         with run.policy.adapters_disabled() if run.reference is None else contextlib.nullcontext():
             add_logprobs(run.reference or run.policy, batches, "ref_logp", cfg.temperature,
@@ -135,7 +134,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if run.loss.entropy_quantile < 1:  # the highest-entropy tokens, chosen once
         mark_high_entropy(run.policy, batches, run.loss.entropy_quantile, cfg.temperature,
                           cfg.logprob_chunk, run.autocast)
-    # 3. advantages: rewards normalised within each group; PPO: GAE on a critic's values
+    # 3. advantages: rewards normalised in each group (PPO: GAE on a critic)
     if run.critic is None:
         advantages, advantage_stats = advantages_of(samples, batches, cfg)
         set_rows(batches, "advantages", advantages)
@@ -144,7 +143,7 @@ def grpo_step(run: Run, cfg: TrainConfig, step: int) -> tuple[Samples, dict]:
     if device.type == "cuda":
         torch.cuda.synchronize()  # honest phase times
     t2 = time.perf_counter()
-    # 4. update: mu optimizer steps on the clipped objective
+    # 4. update: mu optimizer steps on the objective
     lr = warmup_lr(cfg.lr, step, cfg.warmup_steps)
     stats = update(run.policy, run.optimizer, batches, run.loss, cfg, lr, run.autocast, run.ddp)
     if run.critic is not None:  # PPO: the critic's mu steps

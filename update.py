@@ -15,7 +15,11 @@ micro-batches' gradients add up to the whole batch's exactly, however the rows a
 masks: `mask` the completion tokens (scored, measured), `loss_mask` those the loss trains on and
 normalises over, `policy_mask` those whose policy term counts. The full-vocabulary logits of a
 micro-batch never exist at once: lm_head and log_softmax run a chunk of tokens at a time
-(completion_logprobs).
+(completion_logprobs), each chunk recomputed in the backward instead of stored (on CUDA in bf16 a
+Triton kernel, kernels.fused_logprobs). Micro-batches hold rows of similar length (less padding);
+the masks come from the lengths, never from token values (Qwen's pad token is its EOS). Each
+optimizer step clips the global grad norm and refuses a non-finite norm or loss with a
+FloatingPointError before the weights move.
 """
 import math
 import sys
@@ -60,8 +64,7 @@ class MicroBatch:
 def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
                        sampler_logprobs: list[list[float]] | None = None,
                        trained: list[bool] | None = None) -> list[MicroBatch]:
-    """Micro-batches of `size` rows of similar length (less padding; any split is exact), rows
-    reordered; trained: per row, whether it is in the loss (None: all)."""
+    """Micro-batches of `size` rows of similar length; trained: the rows in the loss (None: all)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
     batches = []
     for start in range(0, len(order), size):
@@ -79,8 +82,8 @@ def make_micro_batches(prompts, completions, size: int, pad_id: int, device,
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """Left-padded prompts + completions -> ids, attention_mask [b, P+N], mask [b, N], P; the
-    masks from the lengths (Qwen's pad token is its EOS)."""
+    """Left-padded prompts + completions -> ids, attention_mask [b, P+N], mask [b, N], P; masks
+    from the lengths (Qwen's pad token is its EOS)."""
     width = max(map(len, prompts))
     n_new = max(map(len, completions))
     ids = torch.full((len(prompts), width + n_new), pad_id, dtype=torch.long)
@@ -107,8 +110,7 @@ def add_logprobs(model, batches: list[MicroBatch], field: str, temperature: floa
 
 def completion_logprobs(model, batch: MicroBatch, temperature: float, chunk: int,
                         entropy: str | None = None):
-    """fp32 log-probs [b, N] of the completion tokens under log_softmax(logits / temperature),
-    and entropy: None, "sum" (0-d, no grad) or "tokens" ([b, N]); lm_head `chunk` tokens at once."""
+    """fp32 log-probs [b, N] of the completion tokens; entropy: None, "sum" or "tokens" [b, N]."""
     hidden = completion_hidden(model, batch)  # [M, dim]
     targets = batch.ids[:, batch.prompt_width:][batch.mask]  # [M]
     pieces = None
@@ -219,8 +221,7 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
 
 def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, autocast,
            ddp=None) -> dict[str, float]:
-    """cfg.mu optimizer steps on `loss`, each followed by loss.after_step() -> the stats' means
-    (GAP_STATS: the first step's); ddp: torchrun's wrapper."""
+    """cfg.mu optimizer steps on `loss`, each then loss.after_step() -> the stats' means."""
     stats, gap = {}, {}
     for epoch_index in range(cfg.mu):
         epoch = policy_gradient(ddp or policy, batches, loss, cfg, autocast,
@@ -237,8 +238,7 @@ def update(policy, optimizer, batches: list[MicroBatch], loss, cfg, lr: float, a
 
 def policy_gradient(policy, batches: list[MicroBatch], loss, cfg, autocast,
                     measure_gap: bool = False) -> dict:
-    """Forward and backward of `loss` over the micro-batches, whole-batch normalisers: the
-    gradients and stats (0-d, no host sync) add up to the batch's."""
+    """Forward and backward of `loss` over the micro-batches with whole-batch normalisers."""
     sizes = batch_sizes(batches, cfg.max_new_tokens)
     totals = {}
     gap_max = torch.zeros((), device=sizes.scored.device)
@@ -274,8 +274,7 @@ def batch_sizes(batches: list[MicroBatch], width: int) -> Sizes:
 
 @torch.no_grad()
 def sampler_gap(logp: torch.Tensor, batch: MicroBatch, n_tok) -> tuple[dict, torch.Tensor]:
-    """logp [b, N] against the sampler's: this micro-batch's share of mean |gap| and mean
-    exp(gap) over n_tok tokens, and its max |gap|."""
+    """logp [b, N] against the sampler's: shares of mean |gap|, mean exp(gap); max |gap|."""
     diff = (logp.detach() - batch.sampler_logp).masked_fill(~batch.mask, 0.0)
     shares = {"logprob_gap": diff.abs().sum() / n_tok,
               "sampler_ratio": (diff.exp() * batch.mask).sum() / n_tok}
@@ -369,8 +368,7 @@ def critic_update(critic, optimizer, batches: list[MicroBatch], cfg, lr: float, 
 
 def optimizer_step(model, optimizer, lr: float, grad_clip: float,
                    loss: torch.Tensor | None = None) -> torch.Tensor:
-    """Clip the grad norm to grad_clip (0: off), step, zero the grads -> the norm; a non-finite
-    norm or loss raises FloatingPointError first."""
+    """Clip the grad norm (0: off), step, zero the grads -> the norm; non-finite: an error."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
