@@ -51,8 +51,11 @@ class AdvantageSettings:
     scale_rewards: str = setting(
         "group", "the std the advantages are divided by: the group's (GRPO), the batch's "
         "(PPO-Lite, arXiv:2508.08221) or none (Dr. GRPO)", one_of(("group", "batch", "none")))
-    adv_scale: str = setting("std", "scale_rewards' older name: std (scale_rewards says which), "
-                             "none (scale_rewards='none')", one_of(("std", "none")))
+    adv_scale: str = setting(
+        "std", "the older name of the scale above: std (the scale above says which), none (no std)",
+        one_of(("std", "none")), needs=Rule(lambda v, s: v == "std" or s.scale_rewards != "batch",
+                                            "no batch std: it is the scale's older name, set that "
+                                            "one alone"))
     multi_objective_aggregation: str = setting(
         "sum_then_normalize", "the rewards' weighted sum, then group advantages; or each reward "
         "normalised in its group, then summed and normalised over the batch (GDPO, "
@@ -119,9 +122,9 @@ def process_supervised(advantages, samples, cfg) -> torch.Tensor:
 
 
 def reward_scale(cfg) -> str:
-    """group_advantages' scale: scale_rewards ("group" is "std"), or adv_scale's "none"."""
-    return "none" if cfg.adv_scale == "none" else {"group": "std"}.get(cfg.scale_rewards,
-                                                                      cfg.scale_rewards)
+    """group_advantages' scale for cfg ("group" is its "std"; the older name's "none" wins)."""
+    scale = "none" if cfg.adv_scale == "none" else cfg.scale_rewards
+    return "std" if scale == "group" else scale
 
 
 def sequence_sums(batches, values, n: int) -> torch.Tensor:
@@ -409,7 +412,7 @@ class Loss:
             part.load_state_dict(state[type(part).__name__])
 
 
-# the ratio (importance_sampling_level), [b, N] with grad
+# the ratio (IMPORTANCE_SAMPLING_LEVELS), [b, N] with grad
 
 
 def token_ratio(x: Terms) -> torch.Tensor:
@@ -582,7 +585,7 @@ def k2(x: Terms, log_ratio: torch.Tensor, kl: torch.Tensor) -> torch.Tensor:
 KL_ESTIMATORS = {"k3": k3, "k3_is": k3_is, "k2": k2, "k1_reward": None}
 
 
-# the aggregation (loss_agg) over the tokens in the loss, with the whole step's normalisers
+# the aggregation (LOSS_AGGS) over the tokens in the loss, with the whole step's normalisers
 
 
 def seq_mean(token_loss: torch.Tensor, mask: torch.Tensor, sizes: Sizes) -> torch.Tensor:
@@ -616,7 +619,7 @@ LOSS_AGGS = {"seq_mean": seq_mean, "token_mean": token_mean, "constant": constan
 
 def entropy_bonus(x: Terms, sizes: Sizes, coef: float) -> torch.Tensor:
     """coef times the mean entropy of the tokens whose policy term counts, subtracted from the loss
-    whatever loss_agg (TRL's: a token mean, so that coef means the same under every
+    whatever the aggregation (TRL's: a token mean, so that coef means the same under every
     aggregation). With its gradient: completion_logprobs computes each token's."""
     return coef * (x.entropy * x.policy_mask).sum() / sizes.policy_tokens
 
@@ -903,10 +906,6 @@ def check_settings(cfg):
     """A ValueError naming the settings unless cfg's advantage settings suit its method and group
     size, and a method without GRPO's loss leaves every switch off (each setting's rule and needs
     are checked before, by settings.check)."""
-    if cfg.adv_scale == "none" and cfg.scale_rewards == "batch":
-        raise ValueError("adv_scale='none' (no std) and scale_rewards='batch' (the batch's std) "
-                         "disagree; adv_scale is scale_rewards' older name: set scale_rewards "
-                         "alone")
     if cfg.method == "ppo":
         check_ppo_settings(cfg)
     else:
@@ -931,7 +930,7 @@ def check_group_settings(cfg):
             raise ValueError("kl_estimator='k1_reward' with adv_scale='std': in a group whose "
                              "rewards are all equal (all right or all wrong) the std scaling "
                              "divides beta back out and the KL alone gets unit-sized advantages; "
-                             "set scale_rewards='none' (Dr. GRPO), or keep a std with a "
+                             "scale the advantages by none (Dr. GRPO), or keep a std with a "
                              "loss-side estimator (k3_is)")
     if changed(CriticSettings, cfg):
         raise ValueError(f"{', '.join(changed(CriticSettings, cfg))}: PPO's (method='ppo'); "
