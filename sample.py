@@ -395,18 +395,17 @@ def _kept(model, batch, max_len, sampling, stop, pad_id, generator, keep, fused_
     sampling, stop table's shape and the decode step; at least max_len slots), its generator
     re-seeded as `generator` and its stop table refilled; else a new one, kept in its place. A
     model with LoRA adapters samples on merged weights made anew each rollout: not kept."""
+    if not keep or any(hasattr(m, "lora_A") for m in model.modules()):
+        return _KeptDecoder(model, batch, max_len, sampling, stop, pad_id, generator)
     weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
     key = (model, weights, batch, sampling, tuple(stop.shape), fused_decode)
-    graphs = keep and not any(hasattr(m, "lora_A") for m in model.modules())
-    if graphs and KEPT and KEPT[0].key == key and KEPT[0].cache.max_len >= max_len:
+    if KEPT and KEPT[0].key == key and KEPT[0].cache.max_len >= max_len:
         kept = KEPT[0]
         kept.rewind(pad_id)
         kept.generator.manual_seed(generator.initial_seed())
         kept.stop.copy_(stop)
         kept.stop_pad.copy_(stop < 0)
         return kept
-    if not graphs:
-        return _KeptDecoder(model, batch, max_len, sampling, stop, pad_id, generator)
     KEPT.clear()  # the kept graphs and cache freed first
     KEPT.append(_KeptDecoder(model, batch, max_len, sampling, stop, pad_id, generator))
     KEPT[0].key = key
