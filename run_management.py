@@ -260,6 +260,16 @@ def activation_bytes(config: ModelConfig, cfg, seq_len: int, checkpointing: bool
 RESERVED_PER_ALLOCATED = 1.10
 
 
+def update_peak(config: ModelConfig, cfg, prompt_len: int,
+                checkpointing: bool) -> tuple[int, int, float]:
+    """What the run holds (memory_need), the update's activations under `checkpointing`
+    (activation_bytes) and their sum at the allocator's measured reserve (RESERVED_PER_ALLOCATED),
+    in bytes: what grad_checkpointing_of and keep_graphs_of hold against the free memory."""
+    held = memory_need(memory_bytes(config, cfg, prompt_len))
+    activations = activation_bytes(config, cfg, prompt_len + cfg.max_new_tokens, checkpointing)
+    return held, activations, RESERVED_PER_ALLOCATED * (held + activations)
+
+
 def grad_checkpointing_of(cfg, device: torch.device, config: ModelConfig,
                           prompt_len: int) -> tuple[bool, str]:
     """cfg.grad_checkpointing, or where the config leaves it unset (None) the choice, with a
@@ -269,9 +279,7 @@ def grad_checkpointing_of(cfg, device: torch.device, config: ModelConfig,
     if cfg.grad_checkpointing is not None or device.type != "cuda":
         return bool(cfg.grad_checkpointing), ""
     free = torch.cuda.mem_get_info(device)[0]
-    held = memory_need(memory_bytes(config, cfg, prompt_len))
-    activations = activation_bytes(config, cfg, prompt_len + cfg.max_new_tokens, False)
-    reserved = RESERVED_PER_ALLOCATED * (held + activations)
+    held, activations, reserved = update_peak(config, cfg, prompt_len, checkpointing=False)
     on = reserved > free
     return on, (f"grad_checkpointing {'on' if on else 'off'} (unset, so chosen): the update's "
                 f"activations without it, about {size(activations)} (an estimate, "
@@ -290,10 +298,8 @@ def keep_graphs_of(cfg, device: torch.device, config: ModelConfig, prompt_len: i
     if cfg.keep_graphs is not None or device.type != "cuda" or not cfg.cuda_graphs:
         return bool(cfg.keep_graphs and cfg.cuda_graphs), ""
     free = torch.cuda.mem_get_info(device)[0]
-    held = memory_need(memory_bytes(config, dataclasses.replace(cfg, keep_graphs=True),
-                                    prompt_len))
-    activations = activation_bytes(config, cfg, prompt_len + cfg.max_new_tokens, checkpointing)
-    reserved = RESERVED_PER_ALLOCATED * (held + activations)
+    held, activations, reserved = update_peak(config, dataclasses.replace(cfg, keep_graphs=True),
+                                              prompt_len, checkpointing)
     on = reserved <= free
     return on, (f"keep_graphs {'on' if on else 'off'} (unset, so chosen): the sampler's CUDA "
                 f"graphs and KV cache kept between rollouts, {size(held)} held at least with the "
