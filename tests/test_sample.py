@@ -301,20 +301,22 @@ def test_the_fused_decode_kernels_equal_themselves_graphed_and_a_full_forward():
 
 
 def assert_logprobs_of_a_full_forward(model, prompts, rollout):
-    """The sampler's log-probs of its tokens equal a full no-cache forward of the same model in the same dtype on the
-    same device (the same numerics: an fp32 forward would also measure bf16 against fp32, 0.25 at token 244 of 300 on
-    an H200, 0.39 on the CPU), within bf16's rounding of the logits: the cached decode and the full forward round each
-    layer's sums apart, so a log-prob, a logit less the log-normaliser, may differ by a few units of bf16's relative
-    precision (2^-8) of the row's largest logit; 4 of them (0.14 for logits of 9; measured 0.066 on the CPU). A mask,
-    position or cache error costs whole units."""
+    """The sampler's log-probs of its tokens are as close to an fp32 no-cache forward of the same weights as the
+    model's own bf16 forward is (issue 63: the tolerance is the measured error of torch's bf16 path, on the same
+    device): within twice its largest error over the rollout. Both round each layer's sums to bf16, in other orders
+    (the cache, the fused kernels' bf16 attention dots), so neither is the other to the bit; a mask, position or cache
+    error costs whole units. On an H100 (2026-11-28): 1.0-1.15x its error (0.25-0.44); to the bf16 forward itself 0.18."""
     completions = [rollout.tokens[r, :n].tolist() for r, n in enumerate(rollout.lengths.tolist())]
+    exact = Transformer(model.config).to(model.lm_head.weight.device).eval()
+    exact.load_state_dict({name: weight.float() for name, weight in model.state_dict().items()})
     with torch.no_grad():
-        expected = full_forward_logprobs(model, prompts, completions, 1.0)
-        for row, completion in enumerate(completions):
-            ids = torch.tensor([prompts[row] + completion], device=model.lm_head.weight.device)
-            tolerance = 4 * 2 ** -8 * model(ids).float().abs().max().item()
-            got = rollout.logprobs[row, :len(completion)].float().cpu()
-            assert (got - expected[row].float().cpu()).abs().max() <= tolerance, (row, tolerance)
+        fp32 = full_forward_logprobs(exact, prompts, completions, 1.0)
+        own = full_forward_logprobs(model, prompts, completions, 1.0)
+    got = [rollout.logprobs[row, :len(c)].float().cpu() for row, c in enumerate(completions)]
+    torch_error = max((o.float() - e).abs().max().item() for o, e in zip(own, fp32))
+    error = max((g - e).abs().max().item() for g, e in zip(got, fp32))
+    print(f"sampler's log-probs from an fp32 forward: {error:.4f}; the bf16 forward's own: {torch_error:.4f}")
+    assert 0 < torch_error and error <= 2 * torch_error, (error, torch_error)
 
 
 def test_per_row_seeds_make_each_row_independent_of_its_batch():
