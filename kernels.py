@@ -566,7 +566,9 @@ def fused_training(x) -> bool:
 
 def _probe(device, dtype) -> bool:
     """Each Function against the torch ops it replaces, values and gradients within 2 roundings of
-    dtype, on a small batch; False (said in one line) if one fails or differs."""
+    dtype, on a small batch; False (said in one line) if one fails or differs. It runs on the first
+    forward, so apart from it: no autocast, and its own saved-tensor hooks (a checkpointed block's
+    forward counts the tensors it saves, which its recomputation, probing no more, must match)."""
     torch_rope = lambda x, c, s: x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * s  # noqa: E731
     cases = [(Rope.apply, torch_rope, [(2, 3, 5, 8), (2, 1, 5, 8), (2, 1, 5, 8)], [0]),
              (SiluMul.apply, lambda g, u: F.silu(g) * u, [(3, 40), (3, 40)], [0, 1]),
@@ -574,21 +576,23 @@ def _probe(device, dtype) -> bool:
               lambda x, y, w: (x + y, F.rms_norm(x + y, (24,), w, 1e-6)), [(5, 24), (5, 24), (24,)],
               [0, 1, 2])]
     try:
-        for fused, reference, shapes, grads in cases:
-            for function in (fused, reference):
-                inputs = [torch.randn(shape, device=device, generator=torch.Generator(device)
-                                      .manual_seed(i)).to(dtype).requires_grad_(i in grads)
-                          for i, shape in enumerate(shapes)]
-                outputs = function(*inputs)
-                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-                sum(o.float().sum() for o in outputs).backward()
-                got = [o.float() for o in outputs] + [inputs[i].grad.float() for i in grads]
-                if function is fused:
-                    ours = got
-            for a, b in zip(ours, got):
-                if not torch.allclose(a, b, rtol=2 * torch.finfo(dtype).eps, atol=1e-3):
-                    raise ValueError(f"a fused Function differs from torch by "
-                                     f"{(a - b).abs().max().item():.3g}")
+        with (torch.autocast(device.type, enabled=False),
+              torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)):
+            for fused, reference, shapes, grads in cases:
+                for function in (fused, reference):
+                    inputs = [torch.randn(shape, device=device, generator=torch.Generator(device)
+                                          .manual_seed(i)).to(dtype).requires_grad_(i in grads)
+                              for i, shape in enumerate(shapes)]
+                    outputs = function(*inputs)
+                    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                    sum(o.float().sum() for o in outputs).backward()
+                    got = [o.float() for o in outputs] + [inputs[i].grad.float() for i in grads]
+                    if function is fused:
+                        ours = got
+                for a, b in zip(ours, got):
+                    if not torch.allclose(a, b, rtol=2 * torch.finfo(dtype).eps, atol=1e-3):
+                        raise ValueError(f"a fused Function differs from torch by "
+                                         f"{(a - b).abs().max().item():.3g}")
     except Exception as error:
         reason = (str(error).strip().splitlines() or [""])[0][:200]
         print(f"kernels.py: the fused training kernels failed their probe ({type(error).__name__}: "

@@ -279,6 +279,12 @@ def check_training_functions():
     assert not kernels.fused_training(torch.zeros(2))  # fp32 keeps the torch ops
     with torch.no_grad():
         assert not kernels.fused_training(torch.zeros(2, dtype=bf16))
+    kernels.TRAINING_PROBED.clear()  # the first use inside a checkpointed block under autocast (a lean run's first
+    model = tiny_model().bfloat16().train()  # forward) probes apart: its recomputation saves the tensors its forward saved
+    model.grad_checkpointing = True
+    with torch.autocast("cpu", dtype=bf16):
+        model(torch.tensor([PROMPTS[0]])).float().sum().backward()
+    assert kernels.TRAINING_PROBED[torch.device("cpu"), bf16] and model.lm_head.weight.grad is not None
     real = kernels.SiluMul.forward
     kernels.SiluMul.forward = staticmethod(lambda ctx, gate, up: real(ctx, gate, up) * 1.5)
     assert not kernels._probe(torch.device("cpu"), bf16)
