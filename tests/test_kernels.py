@@ -708,6 +708,28 @@ def test_every_kernel_compiles_to_a_cubin_at_every_architecture(triton_cache, ta
 
 
 @NEEDS_TRITON
+def test_the_training_elementwise_kernels_move_16_bytes_a_lane(triton_cache):
+    """SiLU·mul and add + RMSNorm of the training forward and backward, compiled for sm_90 at every loaded model's
+    widths (multiples of 64): each bf16 load and store in the PTX 16 bytes a lane (ld/st.global.v4.b32), none of 2. On
+    an H100 the SiLU·mul kernel, its element count unspecialised, moved 2 bytes a lane and took 2.1-2.7x its bytes'
+    time (docs/gpu_runs/2026-11-28-h100, the profile); its width is now specialised, as add + RMSNorm's always was."""
+    import re
+    names = {"_silu_mul_train_kernel", "_add_rms_norm_kernel", "_add_rms_norm_backward_kernel"}
+    seen = set()
+    for name, architecture in ARCHITECTURES.items():
+        if architecture[0] < 512:  # the loaded models (576 and up); a test model's row has fewer lanes than threads
+            continue
+        for kernel, args, kwargs in recorded_training_launches(architecture):
+            if kernel.fn.__name__ in names:
+                seen.add(kernel.fn.__name__)
+                ptx = compile_for(kernel, args, kwargs, 90).asm["ptx"]
+                moves = re.findall(r"(?:ld|st)\.global\.[\w.]+", ptx)
+                assert not [m for m in moves if m.endswith(".b16")], (name, kernel.fn.__name__, kwargs, moves)
+                assert any(".v4." in m for m in moves), (name, kernel.fn.__name__, kwargs, moves)
+    assert seen == names
+
+
+@NEEDS_TRITON
 def test_a_decode_step_compiles_once_whatever_the_cache_length():
     """Issue 63: Triton specialises an integer argument on its divisibility by 16 (and on being 1), so a cache of 200
     slots (sample.cache_slots rounds to 8) and one of 208 compiled two variants of the RoPE and attention kernels,
