@@ -550,7 +550,7 @@ if triton is not None:
 
 TRAINING_DEVICES = ("cuda",)  # tests add "cpu" for Triton's interpreter
 TRAINING_PROBED = {}  # (device, dtype) -> whether the Functions passed their probe in this process
-ELEMENTWISE_BLOCK = 1024  # lanes a SiLU·mul program takes
+ELEMENTWISE_BLOCK = 1024  # lanes a SiLU·mul or RoPE program takes
 NORM_ROWS = 16  # rows an add + RMSNorm backward program takes (it sums their weight gradient)
 
 
@@ -623,41 +623,46 @@ def _rope(x, cos, sin, transposed: bool):
     x = x if x.stride(-1) == 1 else x.contiguous()
     B, H, T, D = x.shape
     out = torch.empty_like(x)
-    _rope_kernel[(B * T, H)](x, cos, sin, out, T, *x.stride()[:3], *out.stride()[:3],
-                             cos.stride(0), cos.stride(2), D=D, PADDED=padded(D),
-                             TRANSPOSED=transposed)
+    # a program's heads: up to ELEMENTWISE_BLOCK lanes
+    heads = min(triton.next_power_of_2(H), max(1, ELEMENTWISE_BLOCK // padded(D)))
+    _rope_kernel[(B * T, triton.cdiv(H, heads))](
+        x, cos, sin, out, T, H, *x.stride()[:3], *out.stride()[:3], cos.stride(0), cos.stride(2),
+        D=D, PADDED=padded(D), HEADS=heads, TRANSPOSED=transposed,
+        num_warps=max(1, min(4, heads * padded(D) // 256)))  # 8 lanes a thread where it can
     return out
 
 
 if triton is not None:
     @triton.jit(do_not_specialize=["T"])
-    def _rope_kernel(x, cos, sin, out, T, sxb, sxh, sxt, sob, soh, sot, scb, sct, D: tl.constexpr,
-                     PADDED: tl.constexpr, TRANSPOSED: tl.constexpr):
-        """Program (b * T + t, h): one head's D lanes. Forward: x c + cat(-x2, x1) s; transposed
-        (the backward, x the gradient): x c + cat(u2, -u1), u = x s; each product rounded, then
-        the sum."""
+    def _rope_kernel(x, cos, sin, out, T, H, sxb, sxh, sxt, sob, soh, sot, scb, sct,
+                     D: tl.constexpr, PADDED: tl.constexpr, HEADS: tl.constexpr,
+                     TRANSPOSED: tl.constexpr):
+        """Program (b * T + t, block of HEADS heads): their D lanes each. Forward: x c +
+        cat(-x2, x1) s; transposed (the backward, x the gradient): x c + cat(u2, -u1), u = x s;
+        each product rounded, then the sum. (One head a program moved 2 bytes a lane.)"""
         bt = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1).to(tl.int64)
         b, t = bt // T, bt % T
+        heads = (tl.program_id(1) * HEADS + tl.arange(0, HEADS)).to(tl.int64)[:, None]
         cols = tl.arange(0, PADDED)
-        inside = cols < D
+        both = (cols < D)[None, :] & (heads < H)
         half = D // 2
         partner = (cols + half) % D
-        at = x + b * sxb + h * sxh + t * sxt
-        value = tl.load(at + cols, mask=inside, other=0.0)
-        other = tl.load(at + partner, mask=inside, other=0.0).to(tl.float32)
-        trig = b * scb + t * sct
-        c = tl.load(cos + trig + cols, mask=inside, other=0.0).to(tl.float32)
+        at = x + b * sxb + heads * sxh + t * sxt
+        value = tl.load(at + cols[None, :], mask=both, other=0.0)
+        other = tl.load(at + partner[None, :], mask=both, other=0.0).to(tl.float32)
+        trig = b * scb + t * sct + heads * 0  # cos and sin read as [HEADS, PADDED]: 16-byte loads
+        c = tl.load(cos + trig + cols[None, :], mask=both, other=0.0).to(tl.float32)
+        first_half = (cols < half)[None, :]
         if TRANSPOSED:  # u at the partner lane, then cat(u2, -u1)
-            s = tl.load(sin + trig + partner, mask=inside, other=0.0).to(tl.float32)
+            s = tl.load(sin + trig + partner[None, :], mask=both, other=0.0).to(tl.float32)
             second = (other * s).to(value.dtype).to(tl.float32)
-            second = tl.where(cols < half, second, -second)
+            second = tl.where(first_half, second, -second)
         else:
-            s = tl.load(sin + trig + cols, mask=inside, other=0.0).to(tl.float32)
-            second = (tl.where(cols < half, -other, other) * s).to(value.dtype).to(tl.float32)
+            s = tl.load(sin + trig + cols[None, :], mask=both, other=0.0).to(tl.float32)
+            second = (tl.where(first_half, -other, other) * s).to(value.dtype).to(tl.float32)
         first = (value.to(tl.float32) * c).to(value.dtype).to(tl.float32)
-        tl.store(out + b * sob + h * soh + t * sot + cols, (first + second).to(value.dtype),
-                 mask=inside)
+        tl.store(out + b * sob + heads * soh + t * sot + cols[None, :],
+                 (first + second).to(value.dtype), mask=both)
 
 
 class SiluMul(torch.autograd.Function):

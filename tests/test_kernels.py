@@ -234,10 +234,11 @@ def check_fused_record():
 def check_training_functions():
     """Issue 63 item 4: kernels.Rope, SiluMul and AddRMSNorm against the torch ops they replace under torch's autograd,
     in bf16: the values and every gradient (the weight's included), on shapes with masked lanes (a head of 12 padded
-    to 16, a width of 40, 3 rows of ragged blocks). Rope and SiluMul round as torch does, forward and backward: bit
-    for bit; AddRMSNorm's forward bit for bit, its gradients (sums in other orders) within one bf16 rounding. Rope takes a
-    transposed view (q and k as Attention.forward hands them over) and keeps its strides. And fused_training's probe
-    passes here and refuses a Function that is wrong."""
+    to 16, heads in blocks of 8 with the last part-filled, a width of 40, 3 rows of ragged blocks). Rope and SiluMul
+    round as torch does, forward and backward: bit for bit; AddRMSNorm's forward bit for bit, its gradients (sums in
+    other orders) within one bf16 rounding. Rope takes a transposed view (q and k as Attention.forward hands them
+    over) and keeps its strides. And fused_training's probe passes here (first inside a checkpointed block) and
+    refuses a Function that is wrong."""
     torch.manual_seed(0)
     bf16 = torch.bfloat16
 
@@ -264,6 +265,9 @@ def check_training_functions():
     ours, theirs = both(kernels.Rope.apply, torch_rope, (2, 5, 3, 12), (2, 1, 5, 12), (2, 1, 5, 12), grad_of=[0],
                         transposed=True)
     assert ours[0].stride() == theirs[0].stride()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    ours, theirs = both(kernels.Rope.apply, torch_rope, (1, 3, 20, 128), (1, 1, 3, 128), (1, 1, 3, 128), grad_of=[0],
+                        transposed=True)  # 20 heads of 128 lanes: three programs of 8 heads, the last with 4
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     ours, theirs = both(kernels.SiluMul.apply, lambda g, u: F.silu(g) * u, (3, 7, 40), (3, 7, 40), grad_of=[0, 1])
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
@@ -709,12 +713,13 @@ def test_every_kernel_compiles_to_a_cubin_at_every_architecture(triton_cache, ta
 
 @NEEDS_TRITON
 def test_the_training_elementwise_kernels_move_16_bytes_a_lane(triton_cache):
-    """SiLU·mul and add + RMSNorm of the training forward and backward, compiled for sm_90 at every loaded model's
-    widths (multiples of 64): each bf16 load and store in the PTX 16 bytes a lane (ld/st.global.v4.b32), none of 2. On
-    an H100 the SiLU·mul kernel, its element count unspecialised, moved 2 bytes a lane and took 2.1-2.7x its bytes'
-    time (docs/gpu_runs/2026-11-28-h100, the profile); its width is now specialised, as add + RMSNorm's always was."""
+    """RoPE, SiLU·mul and add + RMSNorm of the training forward and backward, compiled for sm_90 at every loaded
+    model's widths (multiples of 64): each bf16 load and store in the PTX 16 bytes a lane (ld/st.global.v4.b32), none
+    of 2. On an H100 the SiLU·mul kernel, its element count unspecialised, moved 2 bytes a lane and took 2.1-2.7x its
+    bytes' time, and RoPE, one head a program, 2 bytes and about 8x (docs/gpu_runs/2026-11-28-h100, the profile): the
+    width is now specialised, as add + RMSNorm's always was, and a RoPE program takes up to 1,024 lanes of heads."""
     import re
-    names = {"_silu_mul_train_kernel", "_add_rms_norm_kernel", "_add_rms_norm_backward_kernel"}
+    names = {"_rope_kernel", "_silu_mul_train_kernel", "_add_rms_norm_kernel", "_add_rms_norm_backward_kernel"}
     seen = set()
     for name, architecture in ARCHITECTURES.items():
         if architecture[0] < 512:  # the loaded models (576 and up); a test model's row has fewer lanes than threads
