@@ -1,5 +1,5 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (4 min 14 s on 2 quiet cores,
-# the warm start 2 min 46 s of it; slower beside other jobs: docs/experiments.md, issue 64).
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (4 min 48 s on 2 quiet cores,
+# the warm start 3 min 14 s of it; slower beside other jobs: docs/experiments.md, issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 70 GRPO steps; out/demo_aha
 #
 # configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
@@ -48,8 +48,8 @@ sft_batch_size = 8
 sft_lr = 4e-3
 sft_lr_decay = True
 # the warm start's rows 4 to a pass, of a length, right-padded under causal attention with no mask
-# (sft.causal_passes): the same loss, summed in another order; 3 min 12 s -> 2 min 46 s on 2 cores
-# (1.3x a step at one thread) against the left-padded rows under a dense mask (0:
+# (sft.causal_passes): the same loss, summed in another order; at 2500 steps 3 min 12 s -> 2 min
+# 46 s (1.3x a step at one thread) against the left-padded rows under a dense mask (0:
 # docs/experiments.md, issue 64)
 sft_rows_per_pass = 4
 
