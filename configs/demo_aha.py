@@ -1,5 +1,6 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (4 min 48 s on 2 quiet cores,
-# the warm start 3 min 14 s of it; slower beside other jobs: docs/experiments.md, issue 64).
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (4 min 08 s to 4 min 48 s on 2
+# quiet cores, the warm start 2:49 to 3:14 of it; slower beside other jobs: docs/experiments.md,
+# issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 70 GRPO steps; out/demo_aha
 #
 # configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
