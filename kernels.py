@@ -623,12 +623,12 @@ def _rope(x, cos, sin, transposed: bool):
     x = x if x.stride(-1) == 1 else x.contiguous()
     B, H, T, D = x.shape
     out = torch.empty_like(x)
-    # a program's heads: up to ELEMENTWISE_BLOCK lanes
-    heads = min(triton.next_power_of_2(H), max(1, ELEMENTWISE_BLOCK // padded(D)))
+    lanes = padded(D)
+    heads = min(triton.next_power_of_2(H), max(1, ELEMENTWISE_BLOCK // lanes))  # a program's
     _rope_kernel[(B * T, triton.cdiv(H, heads))](
         x, cos, sin, out, T, H, *x.stride()[:3], *out.stride()[:3], cos.stride(0), cos.stride(2),
-        D=D, PADDED=padded(D), HEADS=heads, TRANSPOSED=transposed,
-        num_warps=max(1, min(4, heads * padded(D) // 256)))  # 8 lanes a thread where it can
+        D=D, PADDED=lanes, HEADS=heads, TRANSPOSED=transposed,
+        num_warps=max(1, min(4, heads * lanes // 256)))  # 8 lanes a thread where it can
     return out
 
 
