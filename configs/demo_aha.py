@@ -1,5 +1,5 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (4 min 08 s to 4 min 48 s on 2
-# quiet cores, the warm start 2:49 to 3:14 of it; slower beside other jobs: docs/experiments.md,
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (4 min 08 s to 5 min 11 s on 2
+# quiet cores, the warm start 2:49 to 3:37 of it; slower beside other jobs: docs/experiments.md,
 # issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 70 GRPO steps; out/demo_aha
 #
