@@ -1,6 +1,6 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (4 min 08 s to 5 min 11 s on 2
-# quiet cores, the warm start 2:49 to 3:37 of it; slower beside other jobs: docs/experiments.md,
-# issue 64).
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (on 2 quiet AMD EPYC cores
+# 4 min 08 s to 5 min 11 s at 70 GRPO steps, about 25 s less at 50; on a 2-core Intel Xeon 7 min
+# 34 s, its warm start 5:31 of it; slower beside other jobs: docs/experiments.md, issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 50 GRPO steps; out/demo_aha
 #
 # configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
@@ -43,7 +43,8 @@ method = "grpo"
 # at 4e-3 every seed learns to read the question in 2500 steps (at 2e-3 seed 3 had not, and its
 # re-checks were right too rarely to pay); 3000 steps make its re-checks right often enough that
 # every run ends at 95% or more (at 2500 with the rows 4 to a pass, warm start 2 left GRPO, RFT and
-# REINFORCE at 88.5-91%: docs/experiments.md, issue 64)
+# REINFORCE at 88.5-91%; shorter or faster schedules, 1,800-2,200 steps at 4e-3 to 1.2e-2, left it
+# reading the question right 5.5-88.5% of the time against 97%: docs/experiments.md, issue 64)
 sft_steps = 3000
 sft_batch_size = 8
 sft_lr = 4e-3
@@ -59,9 +60,9 @@ prompts_per_step = 8
 max_new_tokens = 256  # a re-checked 4-line answer: about 190 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
 beta = 0.0
-# 50 steps: the re-check takes off by step 26 and held-out pass@1 is within a point of its plateau by
-# step 40 in every run; the lr is constant after its climb, so these are a 70-step run's first 50
-# steps bit for bit, 20 s to 40 s sooner (docs/experiments.md, issue 64)
+# 50 steps: in every run of the tables the re-check takes off by step 28 and held-out pass@1 is
+# within 1.5 points of its step-70 figure by step 40; the lr is constant after its climb, so these
+# are a 70-step run's first 50 steps bit for bit, ~40 s sooner on a Xeon (docs/experiments.md, 64)
 max_steps = 50
 # the learning rate climbs over 20 steps (the warm start's too), so the first 10 steps still see the
 # warm start's rare re-check, then it is large enough that the re-check takes off by mid-run from
