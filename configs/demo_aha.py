@@ -60,9 +60,10 @@ prompts_per_step = 8
 max_new_tokens = 256  # a re-checked 4-line answer: about 190 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
 beta = 0.0
-# 50 steps: in every run of the tables the re-check takes off by step 28 and held-out pass@1 is
-# within 1.5 points of its step-70 figure by step 40; the lr is constant after its climb, so these
-# are a 70-step run's first 50 steps bit for bit, ~40 s sooner on a Xeon (docs/experiments.md, 64)
+# 50 steps: in every GRPO run of the tables the re-check takes off by step 28, and held-out pass@1
+# at step 40 is within 1.5 points of its step-70 figure (the EPYC's table); the lr is constant after
+# its climb, so these are a 70-step run's first 50 steps bit for bit, ~40 s sooner on a Xeon
+# (docs/experiments.md, issue 64)
 max_steps = 50
 # the learning rate climbs over 20 steps (the warm start's too), so the first 10 steps still see the
 # warm start's rare re-check, then it is large enough that the re-check takes off by mid-run from
