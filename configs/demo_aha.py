@@ -20,11 +20,11 @@
 model = "scratch"
 # max_seq_len: a cued question (~170 characters) and a re-checked answer (<= 256)
 model_args = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176,
-                  max_seq_len=424, rope_theta=10000.0)
+                  max_seq_len=416, rope_theta=10000.0)
 tokenizer = "char"
 template = "plain"
 dataset = "synthetic_split"
-synthetic_warm_size = 17600
+synthetic_warm_size = 10000
 synthetic_train_size = 5000
 synthetic_eval_size = 200
 # direct_share 0: every warm solution is worked (demo.py's answer-only rows would make a second
@@ -45,7 +45,7 @@ method = "grpo"
 # every run ends at 95% or more (at 2500 with the rows 4 to a pass, warm start 2 left GRPO, RFT and
 # REINFORCE at 88.5-91%; shorter or faster schedules, 1,800-2,200 steps at 4e-3 to 1.2e-2, left it
 # reading the question right 5.5-88.5% of the time against 97%: docs/experiments.md, issue 64)
-sft_steps = 2200
+sft_steps = 3000
 sft_batch_size = 8
 sft_lr = 4e-3
 sft_lr_decay = True
