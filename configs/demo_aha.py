@@ -1,6 +1,6 @@
-# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (on 2 quiet AMD EPYC cores
-# 4 min 08 s to 5 min 11 s at 70 GRPO steps, about 25 s less at 50; on a 2-core Intel Xeon 7 min
-# 34 s, its warm start 5:31 of it; slower beside other jobs: docs/experiments.md, issue 64).
+# The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (on a quiet 2-core Intel Xeon
+# 4 min 50 s, its warm start 3:27 of it; 7 min 27 s at one thread; slower beside other jobs:
+# docs/experiments.md, issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 50 GRPO steps; out/demo_aha
 #
 # configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
@@ -45,7 +45,7 @@ method = "grpo"
 # re-checks from every seed (a constant rate left each seed's share where its last steps put it);
 # at 4e-3 every seed learns to read the question in 2500 steps (at 2e-3 seed 3 had not, and its
 # re-checks were right too rarely to pay); 3000 steps make its re-checks right often enough that
-# every run ends at 95% or more (at 2500 with the rows 4 to a pass, warm start 2 left GRPO, RFT and
+# every run ends at 94.5%+ (at 2500 with the rows 4 to a pass, warm start 2 left GRPO, RFT and
 # REINFORCE at 88.5-91%; shorter or faster schedules, 1,800-2,200 steps at 4e-3 to 1.2e-2, left it
 # reading the question right 5.5-88.5% of the time against 97%; one pass over a larger warm set,
 # 2,200 steps over 17,600 rows, reads it but re-checks right less often, and one GRPO run in six
