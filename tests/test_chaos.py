@@ -2,6 +2,7 @@
 evaluation, checkpoint write, export), alternately by SIGTERM and SIGKILL, restarted with the same command each
 time, ends with the weights and logs of an uninterrupted run. `python chaos.py` does it at length."""
 import dataclasses
+import os
 
 import chaos
 from test_guards import tiny
@@ -20,3 +21,17 @@ def test_a_run_stopped_in_every_phase_ends_as_an_uninterrupted_one(tmp_path):
     assert [signal for _, signal, _, _ in result["stops"]] == ["SIGTERM", "SIGKILL"] * 3
     assert all(reached for _, _, _, reached in result["stops"]), result  # every stop reached the run
     assert result["differ"] == [], result
+
+
+def test_same_run_names_a_checkpoint_of_another_size_instead_of_failing(tmp_path):
+    """tools/same_runs.py --compare across a config that changed the model's depth (configs/demo_aha.py's 4 -> 3
+    layers): the checkpoints differ in their keys, and same_run says so."""
+    import torch
+    layer = {"w": torch.ones(2), "v": torch.zeros(3)}
+    for name, layers in (("a", 2), ("b", 1)):
+        os.makedirs(tmp_path / name)
+        model = {f"layers.{i}.{k}": t for i in range(layers) for k, t in layer.items()}
+        state = {i: {"exp_avg": torch.zeros(2), "step": torch.tensor(1.0)} for i in range(2 * layers)}
+        torch.save({"model": model, "optimizer": {"state": state}, "step": 3}, tmp_path / name / "ckpt.pt")
+    assert chaos.same_run(str(tmp_path / "a"), str(tmp_path / "b")) == ["ckpt.pt"]
+    assert chaos.same_run(str(tmp_path / "a"), str(tmp_path / "a")) == []

@@ -97,6 +97,17 @@ def records(path: str, keys=None) -> list[dict]:
                 for line in f]
 
 
+def same_tensors(x, y) -> bool:
+    """Whether x and y (nested dicts of tensors, or values) hold the same keys and the same values bit for bit: a model
+    of another size or an optimizer over other parameters differs, it does not fail."""
+    import torch
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(same_tensors(x[k], y[k]) for k in x)
+    if torch.is_tensor(x):
+        return torch.is_tensor(y) and x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
+    return x == y
+
+
 def same_run(a: str, b: str, new_keys: bool = False, nulls_dropped: bool = False) -> list[str]:
     """What differs between two finished runs in out_dirs a and b: every JSONL log (the step logs, the evaluations'
     completions, the samples; timing fields aside; new_keys: b may log keys a does not, as newer code does;
@@ -119,9 +130,9 @@ def same_run(a: str, b: str, new_keys: bool = False, nulls_dropped: bool = False
             differ.append(name)
             continue
         x, y = (torch.load(os.path.join(d, name), weights_only=True) for d in (a, b))
-        tensors = [(x[part], y[part]) for part in ("model", "reference") if x.get(part) is not None] + \
-            [(moments, y["optimizer"]["state"][i]) for i, moments in x.get("optimizer", {"state": {}})["state"].items()]
-        if any(not torch.equal(t, theirs[k]) for mine, theirs in tensors for k, t in mine.items()) or \
+        parts = [(x.get(part), y.get(part)) for part in ("model", "reference")] + \
+            [(x.get("optimizer", {}).get("state"), y.get("optimizer", {}).get("state"))]
+        if not all(same_tensors(mine, theirs) for mine, theirs in parts) or \
                 (x.get("stream"), x["step"]) != (y.get("stream"), y["step"]):
             differ.append(name)
     if os.path.isdir(os.path.join(a, "hf")) and not os.path.isfile(os.path.join(b, "hf", "model.safetensors")):
