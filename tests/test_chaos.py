@@ -4,6 +4,8 @@ time, ends with the weights and logs of an uninterrupted run. `python chaos.py` 
 import dataclasses
 import os
 
+import torch
+
 import chaos
 from test_guards import tiny
 
@@ -26,7 +28,6 @@ def test_a_run_stopped_in_every_phase_ends_as_an_uninterrupted_one(tmp_path):
 def test_same_run_names_a_checkpoint_of_another_size_instead_of_failing(tmp_path):
     """tools/same_runs.py --compare across a config that changed the model's depth (configs/demo_aha.py's 4 -> 3
     layers): the checkpoints differ in their keys, and same_run says so."""
-    import torch
     layer = {"w": torch.ones(2), "v": torch.zeros(3)}
     for name, layers in (("a", 2), ("b", 1)):
         os.makedirs(tmp_path / name)

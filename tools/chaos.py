@@ -130,10 +130,9 @@ def same_run(a: str, b: str, new_keys: bool = False, nulls_dropped: bool = False
             differ.append(name)
             continue
         x, y = (torch.load(os.path.join(d, name), weights_only=True) for d in (a, b))
-        parts = [(x.get(part), y.get(part)) for part in ("model", "reference")] + \
+        parts = [(x.get(part), y.get(part)) for part in ("model", "reference", "stream", "step")] + \
             [(x.get("optimizer", {}).get("state"), y.get("optimizer", {}).get("state"))]
-        if not all(same_tensors(mine, theirs) for mine, theirs in parts) or \
-                (x.get("stream"), x["step"]) != (y.get("stream"), y["step"]):
+        if not all(same_tensors(mine, theirs) for mine, theirs in parts):
             differ.append(name)
     if os.path.isdir(os.path.join(a, "hf")) and not os.path.isfile(os.path.join(b, "hf", "model.safetensors")):
         differ.append("hf/")
