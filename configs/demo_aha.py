@@ -1,7 +1,7 @@
 # The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (on a quiet 2-core Intel Xeon
 # 4 min 43 s to 5 min 23 s as the VM's speed moved, its warm start 3:24 to 3:59 of it; 7 min 27 s at
 # one thread; slower beside other jobs: docs/experiments.md, issue 64).
-#   python train.py configs/demo_aha.py    # the warm start, then 50 GRPO steps; out/demo_aha
+#   python train.py configs/demo_aha.py    # the warm start, then 40 GRPO steps; out/demo_aha
 #
 # configs/demo.py's model and problem families (data.synthetic_split), with one thing planted in the
 # warm start (data.rework_solution): its quick arithmetic drops the carry or borrow of a line that
@@ -49,7 +49,9 @@ method = "grpo"
 # REINFORCE at 88.5-91%; shorter or faster schedules, 1,800-2,200 steps at 4e-3 to 1.2e-2, left it
 # reading the question right 5.5-88.5% of the time against 97%; one pass over a larger warm set,
 # 2,200 steps over 17,600 rows, reads it but re-checks right less often, and one GRPO run in six
-# ended at 84.5%: docs/experiments.md, issue 64)
+# ended at 84.5%; at 3 layers 2,400 and 2,700 steps left warm start 1337's unprompted re-checks
+# right 13% and 39% of the time against 79.5%, 2,400 at 5e-3 left warm start 2's right 36% and
+# its GRPO run at 76%, and 4 rows a step for 3,000 steps 15%: docs/experiments.md, issue 64)
 sft_steps = 3000
 sft_batch_size = 8
 sft_lr = 4e-3
@@ -65,11 +67,11 @@ prompts_per_step = 8
 max_new_tokens = 256  # a re-checked 4-line answer: about 190 characters
 reward_weights = {"correctness": 1.0, "format": 0.1}
 beta = 0.0
-# 50 steps: in every GRPO run of the tables the re-check takes off by step 28, and held-out pass@1
-# at step 40 is within 1.5 points of its step-70 figure (the EPYC's table); the lr is constant after
-# its climb, so these are a 70-step run's first 50 steps bit for bit, ~40 s sooner on a Xeon
+# 40 steps: at 3 layers the re-check takes off by step 24 in every GRPO run of the table; the lr is
+# constant after its climb, so these are a 50-step run's first 40 steps bit for bit, 15-20 s sooner
+# on a 2-core Xeon; held-out pass@1 at step 40 93.0-97.0% against 94.5-96.5% at step 50
 # (docs/experiments.md, issue 64)
-max_steps = 50
+max_steps = 40
 # the learning rate climbs over 20 steps (the warm start's too), so the first 10 steps still see the
 # warm start's rare re-check, then it is large enough that the re-check takes off by mid-run from
 # every warm start. A 5-step climb to 8e-5 let one run re-check 0.105 over its first 10 steps while
@@ -81,7 +83,7 @@ warmup_steps = 20
 micro_batch_size = 128
 progress_keys = ("reward", "accuracy", "reflect_rate", "response_length", "loss")
 
-eval_every = 25
+eval_every = 20
 eval_batch_size = 200
 sample_every = 10
 checkpoint_every = 20

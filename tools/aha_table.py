@@ -131,7 +131,7 @@ def summary(out: str, seeds: list[int]) -> str:
     """Per method: mean ± standard error (min..max) over its runs; then one line per run."""
     per_run = [(m, s, r, figures(d)) for m, s, r, d in runs(out, seeds)]
     rows = ["| method | runs | held-out pass@1 (%), first eval -> last | gain (points) | reflect_rate, first 10 "
-            "steps -> last 10 | take-off by step 50 (runs) | length, last 10 steps / first 10 | entropy, first 10 -> "
+            f"steps -> last 10 | take-off by step {STEPS} (runs) | length, last 10 steps / first 10 | entropy, first 10 -> "
             "last 10 | T=1 pass@1 (%) | T=1 pass@8 (%) | run seconds, peak MB (from sft.pt) |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for method in METHODS:
@@ -147,7 +147,7 @@ def summary(out: str, seeds: list[int]) -> str:
         rows.append(f"| {method} | {len(done)} | {cell([f['pass@1'][0] for f in done], 100)} -> "
                     f"{cell([f['pass@1'][-1] for f in done], 100)} | {cell(get('gain'), 100)} | "
                     f"{cell(get('reflect_rate_first'), digits=3)} -> {cell(get('reflect_rate_last'), digits=3)} | "
-                    f"{sum(t is not None and t <= 50 for t in get('take_off'))} of {len(done)} | "
+                    f"{sum(t is not None for t in get('take_off'))} of {len(done)} | "
                     f"{cell(get('length_ratio'), digits=2)} | "
                     + (f"{cell(get('entropy_first'), digits=3)} -> {cell(get('entropy_last'), digits=3)} | "
                        if None not in get('entropy_first') else "not logged | ")
