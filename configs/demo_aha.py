@@ -1,5 +1,5 @@
 # The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (on a quiet 2-core Intel Xeon
-# 4 min 02 s to 4 min 38 s as the VM's speed moved, its warm start 3:12 to 3:33 of it; 6 min 27 s at
+# 4 min 02 s to 5 min 20 s as the VM's speed moved, its warm start 3:12 to 4:07 of it; 6 min 27 s at
 # one thread; slower beside other jobs: docs/experiments.md, issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 40 GRPO steps; out/demo_aha
 #
