@@ -42,16 +42,16 @@ eval_size = 200
 
 method = "grpo"
 # the warm start's rate decays to 0, so its model settles on the data's rates: about 5% unprompted
-# re-checks from every seed (a constant rate left each seed's share where its last steps put it);
-# at 4e-3 every seed learns to read the question in 2500 steps (at 2e-3 seed 3 had not, and its
+# re-checks from every seed (a constant rate left each seed's share where its last steps put it); at
+# 4e-3 every seed learns to read the question in 2500 steps (at 2e-3 seed 3 had not, and its
 # re-checks were right too rarely to pay); 3000 steps make its re-checks right often enough that
-# every run ends at 94.5%+ (at 2500 with the rows 4 to a pass, warm start 2 left GRPO, RFT and
-# REINFORCE at 88.5-91%; shorter or faster schedules, 1,800-2,200 steps at 4e-3 to 1.2e-2, left it
-# reading the question right 5.5-88.5% of the time against 97%; one pass over a larger warm set,
+# every run ends at 93%+ at step 40 (at 2500 with the rows 4 to a pass, warm start 2 left GRPO, RFT
+# and REINFORCE at 88.5-91%; shorter or faster schedules, 1,800-2,200 steps at 4e-3 to 1.2e-2, left
+# it reading the question right 5.5-88.5% of the time against 97%; one pass over a larger warm set,
 # 2,200 steps over 17,600 rows, reads it but re-checks right less often, and one GRPO run in six
 # ended at 84.5%; at 3 layers 2,400 and 2,700 steps left warm start 1337's unprompted re-checks
-# right 13% and 39% of the time against 79.5%, 2,400 at 5e-3 left warm start 2's right 36% and
-# its GRPO run at 76%, and 4 rows a step for 3,000 steps 15%: docs/experiments.md, issue 64)
+# right 13% and 39% of the time against 79.5%, 2,400 at 5e-3 left warm start 2's right 36% and its
+# GRPO run at 76%, and 4 rows a step for 3,000 steps 15%: docs/experiments.md, issue 64)
 sft_steps = 3000
 sft_batch_size = 8
 sft_lr = 4e-3
