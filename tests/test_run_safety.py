@@ -17,6 +17,7 @@ import checkpoint
 import sft
 import train
 from run_management import RunLock
+from chaos import same_tensors
 from conftest import ROOT
 from data import load_gsm8k_file
 from rewards import score_completions
@@ -24,8 +25,7 @@ from test_guards import log_steps, saved_step, tiny
 
 
 def same_weights(a, b) -> bool:
-    x, y = (torch.load(os.path.join(d, "ckpt.pt"), weights_only=True)["model"] for d in (a, b))
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    return same_tensors(*(torch.load(os.path.join(d, "ckpt.pt"), weights_only=True)["model"] for d in (a, b)))
 
 
 def test_sigterm_mid_run_saves_the_last_logged_step_and_resume_ends_as_an_uninterrupted_run(tmp_path):
