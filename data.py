@@ -291,9 +291,11 @@ MIXES = ("any", "one", "both")
 
 
 def synthetic_problem(rng: random.Random, min_ops: int, max_ops: int, max_operand: int,
-                      max_start: int, restate: bool = False) -> dict:
+                      max_start: int, restate: bool = False, ask: bool = True) -> dict:
     """One word problem {"question", "solution", "gold"} drawn with rng (see synthetic_problems);
-    restate: each solution line starts with the clause it computes ("gives away 4: 30-4=26")."""
+    restate: each solution line starts with the clause it computes ("gives away 4: 30-4=26"); ask
+    False: the question without its last sentence ("How many apples does Tom have?"), the same
+    draws."""
     (name, pronoun), thing = rng.choice(PEOPLE), rng.choice(THINGS)
     start = total = rng.randint(1, max_start)
     clauses, lines = [], []
@@ -307,8 +309,9 @@ def synthetic_problem(rng: random.Random, min_ops: int, max_ops: int, max_operan
         lines.append(f"{clauses[-1] + ': ' if restate else ''}{total}{op}{amount}={new_total}")
         total = new_total
     actions = clauses[-1] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
-    question = (f"{name} has {start} {thing}. {pronoun} {actions}. "
-                f"How many {thing} does {name} have?")
+    question = f"{name} has {start} {thing}. {pronoun} {actions}."
+    if ask:
+        question += f" How many {thing} does {name} have?"
     return {"question": question, "solution": "\n".join(lines + [f"#### {total}"]),
             "gold": str(total)}
 
@@ -431,14 +434,15 @@ def has_worked_solution(row: dict) -> bool:
 
 
 def family_problems(n: int, rng: random.Random, exclude: set[str], ops: tuple, mix: str,
-                    max_operand: int, max_start: int, restate: bool, what: str) -> list[dict]:
+                    max_operand: int, max_start: int, restate: bool, ask: bool,
+                    what: str) -> list[dict]:
     """n problems of ops[0]..ops[1] operations whose chains (chain_key) are distinct, of the mix
     asked for and not in exclude; a clear error if the family runs out."""
     rows, seen = [], set(exclude)
     for _ in range(100 * n + 1000):  # plenty for a family with room; the draws are cheap
         if len(rows) == n:
             break
-        row = synthetic_problem(rng, *ops, max_operand, max_start, restate)
+        row = synthetic_problem(rng, *ops, max_operand, max_start, restate, ask)
         key = chain_key(row["question"])
         if key not in seen and mix in ("any", chain_mix(key)):
             seen.add(key)
@@ -457,13 +461,13 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
                     direct_share: float = 0.0, reflect_share: float = 0.0,
                     reflect_error: float = 0.0,
                     cue_share: float = 0.0, reflect_cue: str = "Check each step.",
-                    carry_slip: float = 0.0) -> tuple[list, list, list]:
+                    carry_slip: float = 0.0, ask: bool = True) -> tuple[list, list, list]:
     """dataset="synthetic_split": three sets, a deterministic function of seed (each set from its
     own stream, so one size does not change another set's draws); every set holds distinct chains
     (chain_key), of its ops range and mix (MIXES: "one" = only additions or only subtractions,
     "both" = both kinds in one chain); restate: each worked-solution line starts with the clause it
-    computes (synthetic_problem). The defaults are those of the novel-split demo
-    (docs/experiments.md, 2026-11-23):
+    computes; ask False: questions without their last sentence (synthetic_problem). The defaults
+    are those of the novel-split demo (docs/experiments.md, 2026-11-23):
     - warm: warm_size problems with worked solutions (the SFT warm start), except that with
       direct_share > 0 a seeded coin per problem (its own stream) gives about that share of them the
       answer alone (answer_only: the target "</think> <answer>N</answer>", no work), so the warm
@@ -490,7 +494,7 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
                             reflect_error=reflect_error, cue_share=cue_share,
                             carry_slip=carry_slip))
     warm = family_problems(warm_size, random.Random(f"{seed}:warm"), set(), warm_ops, warm_mix,
-                           max_operand, max_start, restate, "warm-start")
+                           max_operand, max_start, restate, ask, "warm-start")
     warm_chains = {chain_key(row["question"]) for row in warm}
     # a coin per warm-start problem, from its own stream; the chains stay warm chains
     if direct_share > 0:
@@ -511,10 +515,10 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
             rows.append(row)
         warm = rows
     rl = family_problems(rl_size, random.Random(f"{seed}:rl"), warm_chains, rl_ops, rl_mix,
-                         max_operand, max_start, restate, "RL")
+                         max_operand, max_start, restate, ask, "RL")
     seen_chains = warm_chains | {chain_key(row["question"]) for row in rl}
     heldout = family_problems(heldout_size, random.Random(f"{seed}:heldout"), seen_chains, rl_ops,
-                              rl_mix, max_operand, max_start, restate, "held-out")
+                              rl_mix, max_operand, max_start, restate, ask, "held-out")
     return warm, [answer_only(row) for row in rl], [answer_only(row) for row in heldout]
 
 

@@ -25,7 +25,10 @@ model = "scratch"
 model_args = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176,
                   max_seq_len=416, rope_theta=10000.0)
 tokenizer = "char"
-template = "plain"
+# the prompt "Q: {question}\nA: " and questions without their last sentence (synthetic_args "ask"
+# False: "Tom has 12 apples. He buys 7 more and gives away 5."): 42 of a row's 248 characters fewer
+# than "plain" and the asked question, the targets the same (docs/experiments.md, issue 64)
+template = {"prompt": "Q: {question}\nA: "}
 dataset = "synthetic_split"
 synthetic_warm_size = 10000
 synthetic_train_size = 5000
@@ -37,7 +40,8 @@ synthetic_eval_size = 200
 # cancelled often enough that re-checking paid too little)
 synthetic_args = {"warm_ops": (1, 4), "warm_mix": "any", "rl_ops": (3, 4), "rl_mix": "one",
                   "max_operand": 5, "max_start": 20, "restate": True, "direct_share": 0.0,
-                  "cue_share": 0.5, "reflect_share": 0.05, "reflect_error": 0.0, "carry_slip": 1.0}
+                  "cue_share": 0.5, "reflect_share": 0.05, "reflect_error": 0.0, "carry_slip": 1.0,
+                  "ask": False}
 eval_size = 200
 
 method = "grpo"

@@ -92,6 +92,17 @@ def test_cued_warm_problems_recheck_and_the_rest_rarely():
         synthetic_split(7, cue_share=1.5, **ARGS)
 
 
+def test_unasked_questions_are_the_same_problems_without_their_last_sentence():
+    args = dict(reflect_share=0.1, cue_share=0.5, carry_slip=1.0, **ARGS)
+    asked, unasked = synthetic_split(7, **args), synthetic_split(7, ask=False, **args)
+    for rows, short in zip(asked, unasked):
+        assert [{**row, "question": ""} for row in rows] == [{**row, "question": ""} for row in short]
+        for row, cut in zip(rows, short):  # "... and sells 2. How many coins does Mia have?" -> "... and sells 2."
+            kept, _, last = row["question"].rpartition(". ")
+            assert cut["question"] == kept + "." and last.startswith("How many ") and last.endswith(" have?")
+            assert chain_key(cut["question"]) == chain_key(row["question"])
+
+
 @pytest.mark.parametrize("text, expected", [
     ("gives away 4: 30-4=26 check 30-4=29-3=28-2=27-1=26", True),
     ("30-4=25 wait, 25 is wrong: 30-4=26", True), ("Let me re-check that.", True), ("Double-check: 3+4=7", True),
