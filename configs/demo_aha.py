@@ -1,5 +1,5 @@
 # The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (on a quiet 2-core Intel Xeon
-# 4 min 02 s to 5 min 20 s as the VM's speed moved, its warm start 3:12 to 4:07 of it; 6 min 27 s at
+# 3 min 58 s to 4 min 54 s as the VM's speed moved, its warm start 2:58 to 3:44 of it; 6 min 43 s at
 # one thread; slower beside other jobs: docs/experiments.md, issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 40 GRPO steps; out/demo_aha
 #
@@ -18,7 +18,7 @@
 # splits the accuracy of reflective and other completions at T=1 (reflect_rate, accuracy_reflect,
 # accuracy_unreflect).
 model = "scratch"
-# max_seq_len: a cued question (~170 characters) and a re-checked answer (<= 256). 3 layers (0.15M
+# max_seq_len: a cued prompt (<= 114 characters) and a re-checked answer (<= 256). 3 layers (0.15M
 # parameters): a warm-start step 1.3x faster than 4 layers' and GRPO's steps too, its warm starts
 # reading the question as well (cued pass@1 94.5-97.0% against 96-97%); 2 layers read it worse (82%)
 # (docs/experiments.md, issue 64)
@@ -26,8 +26,9 @@ model_args = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16, ffn_
                   max_seq_len=416, rope_theta=10000.0)
 tokenizer = "char"
 # the prompt "Q: {question}\nA: " and questions without their last sentence (synthetic_args "ask"
-# False: "Tom has 12 apples. He buys 7 more and gives away 5."): 42 of a row's 248 characters fewer
-# than "plain" and the asked question, the targets the same (docs/experiments.md, issue 64)
+# False: "Tom has 12 apples. He buys 7 more and gives away 5."): a warm-start row 219 tokens against
+# 262 with "plain" and the asked question, the targets the same, a warm-start step about 14% faster
+# (docs/experiments.md, issue 64)
 template = {"prompt": "Q: {question}\nA: "}
 dataset = "synthetic_split"
 synthetic_warm_size = 10000
