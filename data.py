@@ -488,9 +488,8 @@ def synthetic_split(seed: int, warm_size: int = 5000, rl_size: int = 5000, heldo
     - heldout: heldout_size problems of the RL family, answer only, strictly novel: no chain occurs
       in warm or rl."""
     check_split_values(dict(warm_ops=warm_ops, rl_ops=rl_ops, warm_mix=warm_mix, rl_mix=rl_mix,
-                            max_operand=max_operand,
-                            max_start=max_start, direct_share=direct_share,
-                            reflect_share=reflect_share,
+                            max_operand=max_operand, max_start=max_start, restate=restate, ask=ask,
+                            direct_share=direct_share, reflect_share=reflect_share,
                             reflect_error=reflect_error, cue_share=cue_share,
                             carry_slip=carry_slip))
     warm = family_problems(warm_size, random.Random(f"{seed}:warm"), set(), warm_ops, warm_mix,
@@ -576,6 +575,9 @@ def check_split_values(a: dict):
     if a["max_operand"] < 1 or a["max_start"] < 1:
         raise ValueError(f"need max_operand >= 1 and max_start >= 1, got {a['max_operand']} and "
                          f"{a['max_start']}")
+    for name in ("restate", "ask"):
+        if not isinstance(a[name], bool):
+            raise ValueError(f"{name} must be True or False, got {a[name]!r}")
     for name in ("warm_ops", "rl_ops"):
         if len(a[name]) != 2 or not 1 <= a[name][0] <= a[name][1]:
             raise ValueError(f"{name} must be (min, max) operations with 1 <= min <= max, got "

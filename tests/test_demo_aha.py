@@ -101,6 +101,8 @@ def test_unasked_questions_are_the_same_problems_without_their_last_sentence():
             kept, _, last = row["question"].rpartition(". ")
             assert cut["question"] == kept + "." and last.startswith("How many ") and last.endswith(" have?")
             assert chain_key(cut["question"]) == chain_key(row["question"])
+    with pytest.raises(ValueError, match="ask must be True or False, got 'no'"):
+        synthetic_split(7, ask="no", **ARGS)
 
 
 @pytest.mark.parametrize("text, expected", [
