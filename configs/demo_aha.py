@@ -1,5 +1,5 @@
 # The aha demo: R1-Zero's "aha moment" in miniature, offline on a CPU (on a quiet 2-core Intel Xeon
-# 3 min 58 s to 4 min 54 s as the VM's speed moved, its warm start 2:58 to 3:44 of it; 6 min 43 s at
+# 3 min 49 s to 4 min 54 s as the VM's speed moved, its warm start 2:56 to 3:44 of it; 6 min 43 s at
 # one thread; slower beside other jobs: docs/experiments.md, issue 64).
 #   python train.py configs/demo_aha.py    # the warm start, then 40 GRPO steps; out/demo_aha
 #
